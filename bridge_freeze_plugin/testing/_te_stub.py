@@ -1,0 +1,111 @@
+"""A TransformerEngine stand-in that exists only while two Bridge modules execute.
+
+``megatron.bridge`` imports ``transformer_engine.pytorch`` unconditionally from two modules
+(``peft/lora_layers.py`` and ``models/gpt_full_te_layer_autocast_spec.py``). Without CUDA the
+real TransformerEngine cannot load, so on a CPU machine ``import megatron.bridge`` fails.
+
+This module installs a :data:`sys.meta_path` finder that wraps exactly those two modules: while
+each one executes, ``sys.modules`` holds a stub ``transformer_engine`` package; afterwards the stub
+is removed again. Every other module (megatron-core in particular) keeps seeing no
+TransformerEngine, so ``HAVE_TE`` stays ``False`` and the local (pure PyTorch) layers are used.
+
+This is test support. The plugin itself never imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Any
+
+#: Modules whose top-level code needs ``transformer_engine`` to import.
+NEEDS_TE = frozenset(
+    {
+        "megatron.bridge.peft.lora_layers",
+        "megatron.bridge.models.gpt_full_te_layer_autocast_spec",
+    }
+)
+
+_STUB_NAMES = ("transformer_engine", "transformer_engine.pytorch")
+
+
+class _StubMeta(type):
+    """Any attribute of a stub class is another stub class (``te.ops.Sequential`` works)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stub = _StubMeta(name, (), {"__module__": "transformer_engine.pytorch"})
+        setattr(cls, name, stub)
+        return stub
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stub = _StubMeta(name, (), {"__module__": self.__name__})
+        setattr(self, name, stub)
+        return stub
+
+
+def _make_stub() -> dict[str, types.ModuleType]:
+    root = _StubModule("transformer_engine")
+    root.__path__ = []  # a package, so "transformer_engine.pytorch" resolves
+    torch_mod = _StubModule("transformer_engine.pytorch")
+    root.pytorch = torch_mod
+    return {"transformer_engine": root, "transformer_engine.pytorch": torch_mod}
+
+
+class _StubDuringExec(importlib.abc.Loader):
+    def __init__(self, wrapped: importlib.abc.Loader) -> None:
+        self._wrapped = wrapped
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        saved = {name: sys.modules.get(name) for name in _STUB_NAMES}
+        sys.modules.update(_make_stub())
+        try:
+            self._wrapped.exec_module(module)
+        finally:
+            for name, previous in saved.items():
+                if previous is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = previous
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in NEEDS_TE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _StubDuringExec(spec.loader)
+        return spec
+
+
+_FINDER = _Finder()
+
+
+def real_transformer_engine_available() -> bool:
+    """True when a working TransformerEngine can be imported (a GPU machine)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # noqa: BLE001 - any failure means "not usable here"
+        return False
+    return True
+
+
+def install() -> None:
+    """Install the finder (idempotent). Does nothing where the real TransformerEngine loads."""
+    if _FINDER in sys.meta_path:
+        return
+    if real_transformer_engine_available():
+        return
+    sys.meta_path.insert(0, _FINDER)

@@ -1,0 +1,94 @@
+"""Bring up just enough of Megatron's runtime on a CPU-only machine to build real Bridge models.
+
+What a real training job gets from ``torchrun`` + NCCL + ``model_parallel_cuda_manual_seed`` is
+replaced here by: a gloo process group on the loopback interface, megatron-core's model-parallel
+state, and an RNG tracker whose forks use the CPU generator.
+
+Test support only: the plugin never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import socket
+from collections.abc import Iterator
+from types import ModuleType
+
+from bridge_freeze_plugin.testing import _te_stub
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def import_bridge() -> ModuleType:
+    """``import megatron.bridge`` on any machine (with the TE stub where TE cannot load)."""
+    _te_stub.install()
+    # megatron-core first, outside any stub window, so it records HAVE_TE=False.
+    importlib.import_module("megatron.core")
+    return importlib.import_module("megatron.bridge")
+
+
+def init_cpu_distributed(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    virtual_pipeline_model_parallel_size: int | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    seed: int = 1234,
+) -> None:
+    """Initialise gloo + megatron model-parallel state + a CPU RNG tracker (idempotent).
+
+    Single-process callers need no arguments. Multi-process callers pass ``rank``/``world_size``
+    and set ``MASTER_ADDR``/``MASTER_PORT`` themselves (to a loopback address).
+    """
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as mpu_random
+
+    if not dist.is_initialized():
+        rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            if world_size != 1:
+                raise RuntimeError("multi-process CPU runs must set MASTER_PORT for every rank")
+            os.environ["MASTER_PORT"] = str(free_port())
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        )
+
+    # model_parallel_cuda_manual_seed needs a CUDA driver. The "inference" tracker has the same
+    # interface and forks nothing, so dropout regions draw from the (seeded) CPU generator.
+    mpu_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    torch.manual_seed(seed)
+
+
+def destroy_cpu_distributed() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def cpu_distributed(**kwargs: int) -> Iterator[None]:
+    init_cpu_distributed(**kwargs)
+    try:
+        yield
+    finally:
+        destroy_cpu_distributed()

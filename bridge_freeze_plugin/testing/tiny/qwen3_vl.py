@@ -1,0 +1,39 @@
+"""Qwen3-VL (dense): real ``Qwen3VLModelProvider`` / ``Qwen3VLModel``, Megatron vision tower."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+TINY_IMAGE = {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
+
+
+def vision_config() -> Any:
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+
+    return Qwen3VLVisionConfig(
+        depth=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=4,
+        out_hidden_size=64,
+        num_position_embeddings=64,
+        deepstack_visual_indexes=[0, 1],
+        **TINY_IMAGE,
+    )
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider
+
+    provider = Qwen3VLModelProvider(
+        **TINY_LM,
+        vision_config=vision_config(),
+        mrope_section=[2, 3, 3],
+        deepstack_visual_indexes=[0, 1],
+        out_hidden_size=64,
+        **TINY_IMAGE,
+    )
+    return finalized(provider, **overrides)
