@@ -1,1 +1,60 @@
-"""bridge-freeze-plugin."""
+"""bridge-freeze-plugin: choose which parts of a vision-language model train on Megatron-Bridge.
+
+Three flags (``freeze_language_model``, ``freeze_vision_model``, ``freeze_vision_projection``), a
+registry of VLM families (module prefixes of each part), and a provider mixin that applies the
+selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
+
+The flow, module by module: :mod:`~bridge_freeze_plugin.selection` (what is asked) ->
+:mod:`~bridge_freeze_plugin.registry` + :mod:`~bridge_freeze_plugin.families` (family lookup) ->
+:mod:`~bridge_freeze_plugin.mixins` (provider override) -> :mod:`~bridge_freeze_plugin.freeze`
+(pre-wrap freeze) -> :mod:`~bridge_freeze_plugin.report` (per-part report).
+"""
+
+from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
+from bridge_freeze_plugin.errors import (
+    BridgeFreezeError,
+    FamilyRegistrationError,
+    InvalidFreezeConfigError,
+    UnclassifiedParameterError,
+    UnknownFamilyError,
+    UnsupportedFreezeFlagError,
+)
+from bridge_freeze_plugin.freeze import apply_selection
+from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
+from bridge_freeze_plugin.registry import (
+    REGISTRY,
+    FamilySpec,
+    family_for_provider,
+    get_family,
+    list_families,
+    register_family,
+)
+from bridge_freeze_plugin.report import FreezeReport, PartCount
+from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, Part
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FLAGS",
+    "REGISTRY",
+    "BridgeFreezeError",
+    "FamilyRegistrationError",
+    "FamilySpec",
+    "FreezableVLMProvider",
+    "FreezeReport",
+    "FreezeSelection",
+    "InvalidFreezeConfigError",
+    "Part",
+    "PartCount",
+    "UnclassifiedParameterError",
+    "UnknownFamilyError",
+    "UnsupportedFreezeFlagError",
+    "__version__",
+    "apply_selection",
+    "family_for_provider",
+    "freezable_class",
+    "get_family",
+    "list_families",
+    "make_freezable",
+    "register_family",
+]

@@ -1,0 +1,28 @@
+"""Gemma-VL 3 and 4."""
+
+from bridge_freeze_plugin.registry import FamilySpec
+
+_PKG = "megatron.bridge.models.gemma_vl"
+
+FAMILIES = [
+    FamilySpec(
+        name="gemma3_vl",
+        description="Gemma3-VL (SigLIP `vision_tower`, projection `multi_modal_projector`)",
+        providers=(f"{_PKG}.gemma3_vl_provider:Gemma3VLModelProvider",),
+        language_model=("language_model",),
+        vision_model=("vision_tower",),
+        vision_projection=("multi_modal_projector",),
+    ),
+    FamilySpec(
+        name="gemma4_vl",
+        description="Gemma4-VL (`vision_tower`, projection `embed_vision`; audio parts untouched by any flag)",
+        providers=(
+            f"{_PKG}.gemma4_vl_provider:Gemma4VLModelProvider",
+            f"{_PKG}.gemma4_vl_provider:Gemma4DenseVLProvider",
+        ),
+        language_model=("language_model",),
+        vision_model=("vision_tower",),
+        vision_projection=("embed_vision",),
+        other=("audio_tower", "embed_audio"),
+    ),
+]

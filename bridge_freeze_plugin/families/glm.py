@@ -1,0 +1,16 @@
+"""GLM-4.5V. Bridge's own freeze() leaves visual.embeddings, visual.post_conv_layernorm,
+visual.downsample and visual.post_layernorm to no flag; here the whole ``visual`` tower
+except its merger is the vision model."""
+
+from bridge_freeze_plugin.registry import FamilySpec
+
+FAMILIES = [
+    FamilySpec(
+        name="glm45v",
+        description="GLM-4.5V (HF Glm4v vision tower `visual`, projection `visual.merger`)",
+        providers=("megatron.bridge.models.glm_vl.glm_45v_provider:GLM45VModelProvider",),
+        language_model=("language_model",),
+        vision_model=("visual",),
+        vision_projection=("visual.merger",),
+    ),
+]

@@ -1,0 +1,14 @@
+"""Kimi K2.5-VL (vision tower from the checkpoint's remote code)."""
+
+from bridge_freeze_plugin.registry import FamilySpec
+
+FAMILIES = [
+    FamilySpec(
+        name="kimi_k25_vl",
+        description="Kimi K2.5-VL (`vision_tower`, projection `mm_projector`)",
+        providers=("megatron.bridge.models.kimi_vl.kimi_k25_vl_provider:KimiK25VLModelProvider",),
+        language_model=("language_model",),
+        vision_model=("vision_tower",),
+        vision_projection=("mm_projector",),
+    ),
+]

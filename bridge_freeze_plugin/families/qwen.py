@@ -1,0 +1,45 @@
+"""Qwen-VL families. In all of them the projection lives INSIDE the vision module."""
+
+from bridge_freeze_plugin.registry import FamilySpec
+
+_PKG = "megatron.bridge.models.qwen_vl"
+
+# Qwen3-VL: the Megatron vision tower ``vision_model`` holds the main projection ``merger`` and
+# the DeepStack mergers ``decoder.deepstack_merger_list``; the rest of it is the encoder.
+_QWEN3_PARTS = {
+    "language_model": ("language_model",),
+    "vision_model": ("vision_model",),
+    "vision_projection": ("vision_model.merger", "vision_model.decoder.deepstack_merger_list"),
+}
+
+FAMILIES = [
+    FamilySpec(
+        name="qwen25_vl",
+        description="Qwen2.5-VL (HF vision tower `visual`, projection `visual.merger`)",
+        providers=(f"{_PKG}.qwen25_vl_provider:Qwen25VLModelProvider",),
+        language_model=("language_model",),
+        vision_model=("visual",),
+        vision_projection=("visual.merger",),
+    ),
+    FamilySpec(
+        name="qwen3_vl",
+        description="Qwen3-VL dense (projection: merger + DeepStack mergers inside `vision_model`)",
+        providers=(f"{_PKG}.qwen3_vl_provider:Qwen3VLModelProvider",),
+        **_QWEN3_PARTS,
+    ),
+    FamilySpec(
+        name="qwen3_vl_moe",
+        description="Qwen3-VL MoE; Bridge's provider freezes LM and vision encoder by default",
+        providers=(f"{_PKG}.qwen3_vl_provider:Qwen3VLMoEModelProvider",),
+        **_QWEN3_PARTS,
+    ),
+    FamilySpec(
+        name="qwen35_vl",
+        description="Qwen3.5-VL dense and MoE (same layout as Qwen3-VL; DeepStack list may be empty)",
+        providers=(
+            f"{_PKG}.qwen35_vl_provider:Qwen35VLModelProvider",
+            f"{_PKG}.qwen35_vl_provider:Qwen35VLMoEModelProvider",
+        ),
+        **_QWEN3_PARTS,
+    ),
+]

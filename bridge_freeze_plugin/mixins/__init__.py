@@ -1,0 +1,19 @@
+"""Provider mixins: :class:`FreezableVLMProvider`, and :func:`make_freezable` for existing providers."""
+
+from bridge_freeze_plugin.mixins.freezable import (
+    FreezableVLMProvider,
+    declared_default,
+    freezable_class,
+    make_freezable,
+    overridden_defaults,
+    write_selection,
+)
+
+__all__ = [
+    "FreezableVLMProvider",
+    "declared_default",
+    "freezable_class",
+    "make_freezable",
+    "overridden_defaults",
+    "write_selection",
+]

@@ -1,0 +1,248 @@
+"""``FreezableVLMProvider``: the provider override and pre-wrap freeze for any Bridge VLM provider.
+
+Put the mixin first among the bases of a Bridge provider dataclass::
+
+    @dataclass
+    class MyQwen(FreezableVLMProvider, Qwen3VLMoEModelProvider):
+        pass
+
+    provider = MyQwen(..., freeze_vision_model=True)   # everything but the vision encoder trains
+
+or turn an existing provider (e.g. from ``AutoBridge.to_megatron_provider()``) into one with
+:func:`make_freezable`, which also writes a selection to it.
+
+What the mixin does:
+
+- gives the provider the three ``freeze_*`` fields, defaulting to ``False`` (replacing any provider
+  default: Bridge's ``Qwen3VLMoEModelProvider`` freezes LM and vision encoder by default);
+- in ``provide()``: refuses a flag on a provider whose family is not registered, BEFORE building;
+  keeps Bridge's own ``model.freeze()`` from running (its gaps and per-rank prints), and applies the
+  selection by registry prefix to the new chunk;
+- in ``provide_distributed_model()``: adds a pre-wrap hook, first in the chain, that (re)applies the
+  selection to all chunks and logs the per-part report once on rank 0, before Float16Module and DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
+from bridge_freeze_plugin.freeze import apply_selection, claim_report
+from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
+from bridge_freeze_plugin.report import DefaultOverride, FreezeReport, log_report
+from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
+
+ModelChunks = list[Any]
+
+
+# --------------------------------------------------------------------------------------------
+# Provider override: the flags are always written; the config is the only source of truth.
+# --------------------------------------------------------------------------------------------
+
+
+def _is_plugin_class(cls: type) -> bool:
+    return cls is FreezableVLMProvider or cls.__dict__.get("_bridge_freeze_generated", False)
+
+
+def declared_default(cls: type, flag: str) -> bool | None:
+    """The default the provider class itself declares for ``flag`` (ignoring this plugin's mixin).
+
+    ``None`` when no class in its hierarchy declares the flag (the plugin added it).
+    """
+    for klass in cls.__mro__:
+        if _is_plugin_class(klass):
+            continue
+        if flag in klass.__dict__.get("__annotations__", {}):
+            fields = getattr(klass, "__dataclass_fields__", {})
+            fld = fields.get(flag)
+            if fld is not None and fld.default is not dataclasses.MISSING:
+                return bool(fld.default)
+            default = klass.__dict__.get(flag, False)
+            return bool(default) if isinstance(default, bool) else False
+    return None
+
+
+def overridden_defaults(provider: Any) -> tuple[DefaultOverride, ...]:
+    """Each flag whose current value differs from what the provider class declares by default."""
+    overrides = []
+    for flag in FLAGS:
+        default = declared_default(type(provider), flag)
+        value = bool(getattr(provider, flag, False))
+        if default is not None and default != value:
+            overrides.append(DefaultOverride(flag, default, value))
+    return tuple(overrides)
+
+
+def write_selection(provider: Any, selection: FreezeSelection) -> None:
+    """Write all three flags to the provider, whether they are set or not."""
+    for flag, value in selection.as_dict().items():
+        setattr(provider, flag, value)
+
+
+def model_name_of(provider: Any) -> str | None:
+    for attr in ("hf_model_id", "hf_model_name", "name_or_path", "_name_or_path"):
+        value = getattr(provider, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def provider_label(provider: Any) -> str:
+    base = next((k for k in type(provider).__mro__ if not _is_plugin_class(k)), type(provider))
+    return base.__name__
+
+
+def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> FamilySpec | None:
+    """The provider's family; raises if a flag is set and the family is unknown (before any build)."""
+    selection = FreezeSelection.from_object(provider) if selection is None else selection
+    family = family_for_provider(provider)
+    if family is None and selection.any_set:
+        model = model_name_of(provider)
+        supported = ", ".join(f"{f.name} ({', '.join(p.rpartition(':')[2] for p in f.providers)})"
+                              for f in list_families())
+        raise UnsupportedFreezeFlagError(
+            f"{', '.join(f'{f}=True' for f in selection.set_flags())} was set on "
+            f"{class_path(type(provider)).replace(':', '.')}{f' (model {model})' if model else ''}, "
+            f"but no bridge-freeze family covers this provider, so the flag cannot be honoured. "
+            f"Supported families: {supported}. Unset the flag, or register this model's family with "
+            f"bridge_freeze_plugin.register_family(...)."
+        )
+    return family
+
+
+@contextlib.contextmanager
+def bridge_freeze_suspended(provider: Any) -> Iterator[None]:
+    """Hide the flags from Bridge's own ``provide()`` so its ``model.freeze()`` does not run.
+
+    Bridge's per-family freeze() methods leave parts of some vision towers to no flag, and
+    Nemotron-VL's prints one line per parameter on every rank; the plugin's own freeze replaces it.
+    """
+    saved = {flag: getattr(provider, flag) for flag in FLAGS if hasattr(provider, flag)}
+    for flag in saved:
+        object.__setattr__(provider, flag, False)
+    try:
+        yield
+    finally:
+        for flag, value in saved.items():
+            object.__setattr__(provider, flag, value)
+
+
+def _apply(provider: Any, model: Any, family: FamilySpec, selection: FreezeSelection) -> FreezeReport:
+    return apply_selection(
+        model,
+        family,
+        selection,
+        provider_name=provider_label(provider),
+        model_name=model_name_of(provider),
+        overridden_defaults=overridden_defaults(provider),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The mixin.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FreezableVLMProvider:
+    """Mixin for Bridge VLM providers: exactly the selected parts train, or a clear error."""
+
+    freeze_language_model: bool = False
+    freeze_vision_model: bool = False
+    freeze_vision_projection: bool = False
+
+    # ---- configuration ------------------------------------------------------------------
+    @property
+    def freeze_selection(self) -> FreezeSelection:
+        return FreezeSelection.from_object(self)
+
+    def set_freeze_selection(self, selection: FreezeSelection) -> None:
+        write_selection(self, selection)
+
+    def freeze_family(self) -> FamilySpec | None:
+        """The registry family of this provider (raises if a flag is set and there is none)."""
+        return resolve_family(self)
+
+    # ---- building -----------------------------------------------------------------------
+    def provide(self, pre_process: bool | None = None, post_process: bool | None = None,
+                vp_stage: int | None = None) -> Any:
+        selection = self.freeze_selection
+        family = resolve_family(self, selection)  # fails before any model is built
+        with bridge_freeze_suspended(self):
+            model = super().provide(pre_process, post_process, vp_stage)  # type: ignore[misc]
+        if family is not None:
+            report = _apply(self, model, family, selection)
+            if not self.__dict__.get("_bridge_freeze_in_distributed", False) and claim_report(model):
+                log_report(report)
+        return model
+
+    def bridge_freeze_pre_wrap_hook(self, model: ModelChunks) -> ModelChunks:
+        """Pre-wrap hook: (re)apply the selection to every chunk, log the report once on rank 0."""
+        selection = self.freeze_selection
+        family = resolve_family(self, selection)
+        if family is not None:
+            report = _apply(self, model, family, selection)
+            if claim_report(model):
+                log_report(report)
+        return model
+
+    def freeze_report(self, model: Any) -> FreezeReport | None:
+        """The report for ``model`` (chunks or one module); applies the selection if not yet applied."""
+        family = resolve_family(self)
+        return None if family is None else _apply(self, model, family, self.freeze_selection)
+
+    def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list[Any]:
+        resolve_family(self)  # fails before any model is built
+        hook = self.bridge_freeze_pre_wrap_hook
+        explicit = kwargs.get("pre_wrap_hook")
+        if explicit is None:
+            registered: list[Callable[..., Any]] = self.__dict__.setdefault("_pre_wrap_hooks", [])
+            if hook not in registered:
+                self.register_pre_wrap_hook(hook, prepend=True)  # type: ignore[attr-defined]
+        else:
+            rest = list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
+            kwargs["pre_wrap_hook"] = [hook, *(h for h in rest if h != hook)]
+        self.__dict__["_bridge_freeze_in_distributed"] = True
+        try:
+            return super().provide_distributed_model(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.__dict__["_bridge_freeze_in_distributed"] = False
+
+
+# --------------------------------------------------------------------------------------------
+# Existing providers.
+# --------------------------------------------------------------------------------------------
+
+_GENERATED: dict[type, type] = {}
+
+
+def freezable_class(cls: type) -> type:
+    """The (cached) dataclass ``FreezableVLMProvider`` subclass of a provider class."""
+    if issubclass(cls, FreezableVLMProvider):
+        return cls
+    generated = _GENERATED.get(cls)
+    if generated is None:
+        namespace = {"__module__": cls.__module__, "_bridge_freeze_generated": True,
+                     "__doc__": f"{cls.__name__} with bridge-freeze-plugin's FreezableVLMProvider."}
+        generated = dataclasses.dataclass(type(cls.__name__, (FreezableVLMProvider, cls), namespace))
+        generated.__qualname__ = cls.__qualname__ + ".__bridge_freeze__"
+        _GENERATED[cls] = generated
+    return generated
+
+
+def make_freezable(provider: Any, selection: FreezeSelection | None = None) -> Any:
+    """Make an existing provider freezable in place and write ``selection`` (default: train all).
+
+    The provider keeps its class's behaviour and ``isinstance`` relations; its class becomes the
+    freezable subclass. Raises :class:`UnsupportedFreezeFlagError` at once if ``selection`` sets a
+    flag and the provider's family is not registered.
+    """
+    selection = FreezeSelection() if selection is None else selection
+    resolve_family(provider, selection)
+    if not isinstance(provider, FreezableVLMProvider):
+        provider.__class__ = freezable_class(type(provider))
+    write_selection(provider, selection)
+    return provider

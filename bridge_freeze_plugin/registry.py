@@ -1,0 +1,273 @@
+"""The family registry: which module prefixes make up each part of each VLM family.
+
+Family knowledge is data (:class:`FamilySpec`, one per family, see :mod:`bridge_freeze_plugin.families`);
+everything here is generic. Provider classes are named by import path (``"package.module:Class"``)
+and are only compared by name, so listing or looking up families imports no model code.
+
+Usage, in the spirit of timm's ``@register_model`` and PEFT's ``register_peft_method``::
+
+    from bridge_freeze_plugin import register_family
+
+    register_family(
+        "my_vlm",
+        providers=["my_pkg.provider:MyVLMProvider"],
+        language_model=["language_model"],
+        vision_model=["vision_tower"],
+        vision_projection=["projector"],
+    )
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
+
+#: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
+_WRAPPER_PREFIX = "module."
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name as a pre-wrap hook sees it: strips the ``module.`` added by wrappers."""
+    while name.startswith(_WRAPPER_PREFIX):
+        name = name[len(_WRAPPER_PREFIX) :]
+    return name
+
+
+def class_path(cls: type) -> str:
+    """``"module:QualName"`` of a class, the form provider paths are registered in."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One VLM family: the provider classes it covers and the module prefixes of each part.
+
+    A prefix names a module (``"visual.merger"``) and covers every parameter below it. A parameter
+    belongs to the part with the longest (most specific) matching prefix, so a projection that
+    lives inside the vision module (``visual.merger`` inside ``visual``) is the projection.
+    ``other`` lists known modules that belong to none of the three parts (an audio tower, say):
+    no flag touches them, and the report shows them on their own line.
+    """
+
+    name: str
+    providers: tuple[str, ...]
+    language_model: tuple[str, ...]
+    vision_model: tuple[str, ...]
+    vision_projection: tuple[str, ...]
+    other: tuple[str, ...] = ()
+    description: str = ""
+    #: Who registered it: "builtin", or the distribution that provided an entry point.
+    source: str = "builtin"
+    _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other"):
+            value = getattr(self, attr)
+            if isinstance(value, str):
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: {attr} must be a list of strings, not the string {value!r}"
+                )
+            object.__setattr__(self, attr, tuple(value))
+        if not self.name or not self.name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise FamilyRegistrationError(f"family name {self.name!r} must be a non-empty identifier")
+        if not self.providers:
+            raise FamilyRegistrationError(f"family {self.name!r} names no provider class")
+        for path in self.providers:
+            module, sep, qualname = path.partition(":")
+            if not sep or not module or not qualname:
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: provider {path!r} must be written 'package.module:ClassName'"
+                )
+        for part in SELECTABLE_PARTS:
+            if not self.prefixes(part):
+                raise FamilyRegistrationError(
+                    f"family {self.name!r} gives no module prefix for {part.value}; every VLM family "
+                    "must name its language model, vision encoder and vision projection"
+                )
+        index = self._index
+        for part in (*SELECTABLE_PARTS, Part.OTHER):
+            for prefix in self.prefixes(part):
+                if not prefix or prefix.startswith(".") or prefix.endswith("."):
+                    raise FamilyRegistrationError(f"family {self.name!r}: bad prefix {prefix!r}")
+                if prefix in index and index[prefix] is not part:
+                    raise FamilyRegistrationError(
+                        f"family {self.name!r}: prefix {prefix!r} is listed under both "
+                        f"{index[prefix].value} and {part.value}"
+                    )
+                index[prefix] = part
+
+    def prefixes(self, part: Part) -> tuple[str, ...]:
+        return self.other if part is Part.OTHER else getattr(self, part.value)
+
+    def classify(self, name: str) -> Part | None:
+        """The part of one parameter (``None``: under no prefix at all)."""
+        name = canonical_name(name)
+        index = self._index
+        # Longest prefix first: walk from the full name up, one module level at a time.
+        while True:
+            part = index.get(name)
+            if part is not None:
+                return part
+            cut = name.rfind(".")
+            if cut < 0:
+                return None
+            name = name[:cut]
+
+    def resolve_providers(self) -> list[type]:
+        """Import and return the provider classes (raises ImportError / AttributeError if stale)."""
+        classes = []
+        for path in self.providers:
+            module, _, qualname = path.partition(":")
+            obj: Any = importlib.import_module(module)
+            for attr in qualname.split("."):
+                obj = getattr(obj, attr)
+            classes.append(obj)
+        return classes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "providers": list(self.providers),
+            **{part.value: list(self.prefixes(part)) for part in (*SELECTABLE_PARTS, Part.OTHER)},
+            "description": self.description,
+            "source": self.source,
+        }
+
+
+class FamilyRegistry:
+    """Name-keyed registry of :class:`FamilySpec`; duplicates are refused."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, FamilySpec] = {}
+        self._by_provider: dict[str, FamilySpec] = {}
+        self._lock = threading.RLock()
+
+    def register(self, spec: FamilySpec) -> FamilySpec:
+        with self._lock:
+            if spec.name in self._families:
+                raise FamilyRegistrationError(
+                    f"family {spec.name!r} is already registered (by {self._families[spec.name].source}); "
+                    "pick another name, or unregister the existing one first"
+                )
+            for path in spec.providers:
+                owner = self._by_provider.get(path)
+                if owner is not None:
+                    raise FamilyRegistrationError(
+                        f"provider {path} is already covered by family {owner.name!r} "
+                        f"(registered by {owner.source}); a provider class belongs to one family"
+                    )
+            self._families[spec.name] = spec
+            for path in spec.providers:
+                self._by_provider[path] = spec
+            return spec
+
+    def unregister(self, name: str) -> FamilySpec:
+        with self._lock:
+            spec = self.get(name)
+            del self._families[name]
+            for path in spec.providers:
+                self._by_provider.pop(path, None)
+            return spec
+
+    def get(self, name: str) -> FamilySpec:
+        try:
+            return self._families[name]
+        except KeyError:
+            raise UnknownFamilyError(
+                f"no VLM family named {name!r} is registered; registered families: {', '.join(self.names())}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._families)
+
+    def __iter__(self) -> Iterator[FamilySpec]:
+        return iter([self._families[n] for n in self.names()])
+
+    def __len__(self) -> int:
+        return len(self._families)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._families
+
+    def for_provider_class(self, cls: type) -> FamilySpec | None:
+        """The family of a provider class, or of its nearest registered base class."""
+        for klass in cls.__mro__:
+            spec = self._by_provider.get(class_path(klass))
+            if spec is not None:
+                return spec
+        return None
+
+    def for_provider(self, provider: Any) -> FamilySpec | None:
+        cls = provider if isinstance(provider, type) else type(provider)
+        return self.for_provider_class(cls)
+
+    def find(self, name_or_class: str) -> FamilySpec:
+        """A family by family name, provider class name (``Qwen3VLModelProvider``) or class path."""
+        if name_or_class in self._families:
+            return self._families[name_or_class]
+        for path, spec in self._by_provider.items():
+            if name_or_class in (path, path.rpartition(":")[2]):
+                return spec
+        raise UnknownFamilyError(
+            f"{name_or_class!r} is neither a registered family nor a provider class of one; "
+            f"registered families: {', '.join(self.names())}"
+        )
+
+
+#: The process-wide registry the plugin uses.
+REGISTRY = FamilyRegistry()
+
+
+def register_family(
+    name: str,
+    *,
+    providers: Iterable[str],
+    language_model: Iterable[str],
+    vision_model: Iterable[str],
+    vision_projection: Iterable[str],
+    other: Iterable[str] = (),
+    description: str = "",
+    source: str = "builtin",
+    registry: FamilyRegistry | None = None,
+) -> FamilySpec:
+    """Register one VLM family in one call. Refuses a duplicate name or provider class."""
+    spec = FamilySpec(
+        name=name,
+        providers=tuple(providers),
+        language_model=tuple(language_model),
+        vision_model=tuple(vision_model),
+        vision_projection=tuple(vision_projection),
+        other=tuple(other),
+        description=description,
+        source=source,
+    )
+    return (registry or REGISTRY).register(spec)
+
+
+def list_families(registry: FamilyRegistry | None = None) -> list[FamilySpec]:
+    """Every registered family, sorted by name (built-ins and entry-point families alike)."""
+    _ensure_builtins()
+    return list(registry or REGISTRY)
+
+
+def get_family(name: str) -> FamilySpec:
+    _ensure_builtins()
+    return REGISTRY.get(name)
+
+
+def family_for_provider(provider: Any) -> FamilySpec | None:
+    """The family of a provider instance or class (subclasses honoured); ``None`` if unknown."""
+    _ensure_builtins()
+    return REGISTRY.for_provider(provider)
+
+
+def _ensure_builtins() -> None:
+    # Importing the package registers the built-in tables; this keeps direct
+    # ``bridge_freeze_plugin.registry`` users correct too.
+    importlib.import_module("bridge_freeze_plugin.families")
