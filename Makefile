@@ -1,0 +1,28 @@
+# Two commands do all the set-up: `make demo` (the main job) and `make test` (the test suite).
+# Each creates or reuses .venv by itself (scripts/bootstrap.sh).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export BRIDGE_FREEZE_VENV := $(VENV)
+
+.PHONY: venv demo test test-gpu lint bench clean
+
+venv:
+	@scripts/bootstrap.sh
+
+demo: venv
+	@$(VENV)/bin/bridge-freeze demo
+
+test: venv
+	@$(PY) -m pytest
+
+test-gpu: venv
+	@$(PY) -m pytest tests/gpu
+
+lint: venv
+	@$(VENV)/bin/ruff check .
+
+bench: venv
+	@$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Create or reuse the project's virtual environment (.venv by default; BRIDGE_FREEZE_VENV overrides).
+# Idempotent: a second run only compares a stamp and returns (well under a second).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${BRIDGE_FREEZE_VENV:-.venv}"
+REQS=(requirements/base.txt requirements/megatron.txt requirements/dev.txt pyproject.toml)
+want="$(cat "${REQS[@]}" scripts/bootstrap.sh | sha256sum | cut -c1-16)"
+stamp="$VENV/.bridge-freeze-stamp"
+
+if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+
+find_python312() {
+  local candidates=("${PYTHON312:-}" python3.12)
+  local root
+  root="$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"
+  candidates+=("$root"/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12)
+  for c in "${candidates[@]}"; do
+    [[ -n "$c" ]] || continue
+    # A pyenv shim exists even when 3.12 is not the active version: check that it really runs.
+    if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+      command -v "$c" || echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+
+PY="$(find_python312)" || {
+  echo "bootstrap: Python 3.12 is required (megatron-bridge needs >=3.12,<3.13) and none was found." >&2
+  echo "bootstrap: install it (e.g. 'pyenv install 3.12') or set PYTHON312=/path/to/python3.12." >&2
+  exit 1
+}
+
+echo "bootstrap: building $VENV with $PY (first run: a few minutes, about 3 GB of downloads)" >&2
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install -r requirements/base.txt -r requirements/dev.txt
+# The full megatron-bridge / megatron-core dependency trees do not install without CUDA; what they
+# import for building and training models is in base.txt. See README, "Set-up".
+"${PIP[@]}" install --no-deps -r requirements/megatron.txt
+"${PIP[@]}" install --no-deps --no-build-isolation -e .
+echo "$want" > "$stamp"
+echo "bootstrap: $VENV ready" >&2
