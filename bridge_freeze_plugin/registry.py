@@ -247,13 +247,13 @@ def register_family(
         description=description,
         source=source,
     )
-    return (registry or REGISTRY).register(spec)
+    return (REGISTRY if registry is None else registry).register(spec)
 
 
 def list_families(registry: FamilyRegistry | None = None) -> list[FamilySpec]:
     """Every registered family, sorted by name (built-ins and entry-point families alike)."""
     _ensure_builtins()
-    return list(registry or REGISTRY)
+    return list(REGISTRY if registry is None else registry)
 
 
 def get_family(name: str) -> FamilySpec:

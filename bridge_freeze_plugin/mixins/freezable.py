@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,7 +56,7 @@ def declared_default(cls: type, flag: str) -> bool | None:
     for klass in cls.__mro__:
         if _is_plugin_class(klass):
             continue
-        if flag in klass.__dict__.get("__annotations__", {}):
+        if flag in inspect.get_annotations(klass):
             fields = getattr(klass, "__dataclass_fields__", {})
             fld = fields.get(flag)
             if fld is not None and fld.default is not dataclasses.MISSING:
@@ -66,12 +67,16 @@ def declared_default(cls: type, flag: str) -> bool | None:
 
 
 def overridden_defaults(provider: Any) -> tuple[DefaultOverride, ...]:
-    """Each flag whose current value differs from what the provider class declares by default."""
+    """Provider defaults that would have frozen a part which, by the written config, now trains.
+
+    (A flag the config sets to ``True`` on a provider that defaults to ``False`` is a request, shown
+    in the selection itself, not an override to warn about.)
+    """
     overrides = []
     for flag in FLAGS:
         default = declared_default(type(provider), flag)
         value = bool(getattr(provider, flag, False))
-        if default is not None and default != value:
+        if default is True and value is False:
             overrides.append(DefaultOverride(flag, default, value))
     return tuple(overrides)
 

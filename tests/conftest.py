@@ -1,0 +1,22 @@
+"""Shared fixtures. Real Megatron-Bridge models are built tiny on the CPU through the project's
+own test support (``bridge_freeze_plugin.testing``); see README, "Which families are real"."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# No model hub is reachable: make any accidental hub access fail fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def cpu_bridge():
+    """``import megatron.bridge`` (TE stub) + gloo + model-parallel state, once per test session."""
+    from bridge_freeze_plugin.testing.cpu_runtime import import_bridge, init_cpu_distributed
+
+    bridge = import_bridge()
+    init_cpu_distributed()
+    return bridge

@@ -1,0 +1,193 @@
+"""FreezableVLMProvider on real tiny Bridge providers: overrides always apply, errors come before any
+build, Bridge's own freeze() is replaced, the report is logged once, chunk lists work."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import pytest
+
+from bridge_freeze_plugin import (
+    FreezableVLMProvider,
+    FreezeSelection,
+    Part,
+    UnclassifiedParameterError,
+    UnsupportedFreezeFlagError,
+    apply_selection,
+    get_family,
+    make_freezable,
+)
+from bridge_freeze_plugin.testing.tiny import build_tiny_chunks, build_tiny_model, make_provider
+
+PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
+
+# Independent of the registry: Qwen3-VL's projection is the merger and the DeepStack mergers.
+QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
+
+
+def trainable(chunks):
+    chunks = chunks if isinstance(chunks, list) else [chunks]
+    return {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
+
+
+def all_names(chunks):
+    chunks = chunks if isinstance(chunks, list) else [chunks]
+    return {n for c in chunks for n, _ in c.named_parameters()}
+
+
+def test_projection_only_on_qwen3_vl_leaves_exactly_the_mergers(cpu_bridge):
+    provider = make_freezable(make_provider("qwen3_vl"), PROJECTION_ONLY)
+    chunks = build_tiny_chunks("qwen3_vl", provider=provider)
+    names = all_names(chunks)
+    expected = {n for n in names if QWEN3_PROJECTION.match(n)}
+    assert any(".deepstack_merger_list." in n for n in expected)
+    assert any(n.startswith("vision_model.merger.") for n in expected)
+    assert trainable(chunks) == expected
+
+
+def test_moe_default_trains_everything_and_logs_the_overridden_defaults(cpu_bridge, caplog):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
+
+    # Bridge's own default: LM and vision encoder frozen.
+    stock = make_provider("qwen3_vl_moe")
+    assert isinstance(stock, Qwen3VLMoEModelProvider)
+    assert (stock.freeze_language_model, stock.freeze_vision_model) == (True, True)
+
+    provider = make_freezable(stock)  # the config is all-false: it must win
+    with caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):
+        chunks = build_tiny_chunks("qwen3_vl_moe", provider=provider)
+    assert trainable(chunks) == all_names(chunks)
+    blocks = [r.getMessage() for r in caplog.records if r.name == "bridge_freeze_plugin"]
+    assert len(blocks) == 1
+    assert (
+        "provider defaults overridden: freeze_language_model=True replaced by False, "
+        "freeze_vision_model=True replaced by False"
+    ) in blocks[0]
+
+
+def test_dataclass_mixin_subclass_defaults_to_false_and_records_override(cpu_bridge):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
+
+    @dataclasses.dataclass
+    class MyMoE(FreezableVLMProvider, Qwen3VLMoEModelProvider):
+        pass
+
+    base = make_provider("qwen3_vl_moe")
+    kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(Qwen3VLMoEModelProvider) if f.init}
+    for flag in ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection"):
+        kwargs.pop(flag)
+    provider = MyMoE(**kwargs)
+    assert provider.freeze_selection == FreezeSelection()
+    report = provider.freeze_report(build_tiny_model("qwen3_vl_moe", provider=provider))
+    assert [str(o) for o in report.overridden_defaults] == [
+        "freeze_language_model=True replaced by False",
+        "freeze_vision_model=True replaced by False",
+    ]
+    assert report.trainable == report.total
+
+
+def test_user_subclass_of_a_known_provider_is_that_family(cpu_bridge):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider
+
+    @dataclasses.dataclass
+    class MyQwen(Qwen3VLModelProvider):
+        pass
+
+    base = make_provider("qwen3_vl")
+    provider = MyQwen(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init})
+    provider.finalize()
+    make_freezable(provider, PROJECTION_ONLY)
+    assert provider.freeze_family().name == "qwen3_vl"
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    assert trainable(model) == {n for n in all_names(model) if QWEN3_PROJECTION.match(n)}
+
+
+def test_flag_on_an_unsupported_provider_raises_before_building(cpu_bridge, mocker):
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    provider = GPTModelProvider(num_layers=1, hidden_size=8, num_attention_heads=1, hf_model_id="acme/text-7b")
+    with pytest.raises(UnsupportedFreezeFlagError) as err:
+        make_freezable(provider, FreezeSelection(freeze_vision_model=True))
+    message = str(err.value)
+    assert "freeze_vision_model=True" in message
+    assert "megatron.bridge.models.gpt_provider.GPTModelProvider" in message
+    assert "acme/text-7b" in message
+    assert "qwen3_vl (Qwen3VLModelProvider)" in message  # lists the supported families
+    assert "register_family" in message
+
+    # Set after the fact: provide() refuses before Bridge builds anything.
+    make_freezable(provider)
+    provider.freeze_language_model = True
+    build = mocker.spy(GPTModelProvider, "provide")
+    with pytest.raises(UnsupportedFreezeFlagError, match="freeze_language_model=True"):
+        provider.provide()
+    assert build.call_count == 0
+
+
+def test_unsupported_provider_without_flags_is_left_alone(cpu_bridge):
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    provider = make_freezable(GPTModelProvider(num_layers=1, hidden_size=8, num_attention_heads=1))
+    assert provider.freeze_family() is None
+    assert provider.freeze_selection == FreezeSelection()
+
+
+def test_unclassified_parameter_raises_with_its_name_while_a_flag_is_set(cpu_bridge):
+    import torch
+
+    model = build_tiny_model("qwen3_vl")
+    model.extra_head = torch.nn.Linear(2, 2)
+    family = get_family("qwen3_vl")
+    with pytest.raises(UnclassifiedParameterError) as err:
+        apply_selection(model, family, FreezeSelection(freeze_vision_model=True), provider_name="Qwen3VL")
+    assert "extra_head.weight" in str(err.value) and "extra_head.bias" in str(err.value)
+    assert "freeze_vision_model=True" in str(err.value)
+    # With no flag set nothing is guessed either: the parameter is reported as "other" and untouched.
+    report = apply_selection(model, family, FreezeSelection())
+    assert report.part(Part.OTHER).total == 2 * 2 + 2
+
+
+def test_idempotent_and_logged_once(cpu_bridge, caplog):
+    provider = make_freezable(make_provider("qwen3_vl"), PROJECTION_ONLY)
+    with caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):
+        chunks = build_tiny_chunks("qwen3_vl", provider=provider)
+        first = trainable(chunks)
+        provider.bridge_freeze_pre_wrap_hook(chunks)
+        provider.bridge_freeze_pre_wrap_hook(chunks)
+    assert trainable(chunks) == first
+    assert len([r for r in caplog.records if r.name == "bridge_freeze_plugin"]) == 1
+
+
+def test_report_counts_and_format(cpu_bridge):
+    provider = make_freezable(make_provider("qwen3_vl"), PROJECTION_ONLY)
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    report = provider.freeze_report(model)
+    names = dict(model.named_parameters())
+    proj = sum(p.numel() for n, p in names.items() if QWEN3_PROJECTION.match(n))
+    assert report.part(Part.VISION_PROJECTION).trainable == proj
+    assert report.trainable == proj
+    assert report.total == sum(p.numel() for p in model.parameters())
+    assert report.part(Part.LANGUAGE_MODEL).trainable == 0
+    text = report.format()
+    assert "vision_projection" in text and "total" in text and "100.0%" in text
+    assert len(text.splitlines()) == 6  # header, column titles, 3 parts, total: no per-parameter lines
+    assert report.as_dict()["selection"] == PROJECTION_ONLY.as_dict()
+
+
+def test_chunk_list_and_a_chunk_without_vision_encoder(cpu_bridge):
+    """Virtual-pipeline style: a list of chunks, the later one holding only language-model layers."""
+    provider = make_freezable(make_provider("qwen3_vl"), FreezeSelection(freeze_language_model=True))
+    first = build_tiny_model("qwen3_vl", provider=provider)
+    provider.add_encoder = False
+    try:
+        later = build_tiny_model("qwen3_vl", provider=provider)
+    finally:
+        provider.add_encoder = True
+    assert not any(n.startswith("vision_model.") for n in all_names(later))
+    chunks = [first, later]
+    report = provider.freeze_report(chunks)
+    assert trainable(later) == set()
+    assert trainable(first) == {n for n in all_names(first) if n.startswith("vision_model.")}
+    assert report.total == sum(p.numel() for c in chunks for p in c.parameters())
