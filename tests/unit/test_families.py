@@ -1,0 +1,103 @@
+"""Every family, every one of the 8 selections: the exact set of trainable parameter names.
+
+The expectation comes from this file's own table (regular expressions written from reading each
+Bridge model's module tree), never from the plugin's registry. Models are the real tiny Bridge
+models where they build on the CPU, the structural stand-in otherwise (see README).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bridge_freeze_plugin import FreezeSelection, make_freezable
+from bridge_freeze_plugin.testing.tiny import TINY_FAMILIES, build_tiny_chunks, is_real, make_provider
+
+# family -> (language model, vision encoder, vision projection, untouched other) as regexes over names.
+# The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
+PARTS: dict[str, tuple[str, str, str, str | None]] = {
+    "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
+    "qwen3_vl": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
+    "qwen3_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
+    "qwen35_vl": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
+    "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
+    "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
+    "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
+    "nemotron_vl": (r"llava_model\.language_model\.", r"llava_model\.vision_model\.", r"llava_model\.vision_projection\.", None),
+    "ernie45_vl": (r"language_model\.", r"(vision_tower|vision_model)\.", r"resampler_model\.", None),
+    "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
+    "kimi_k25_vl": (r"language_model\.", r"vision_tower\.", r"mm_projector\.", None),
+}
+
+# Modules Bridge's own freeze() leaves to no flag: ours must put them in the vision encoder.
+BRIDGE_FREEZE_GAPS = {
+    "glm45v": ("visual.embeddings", "visual.post_conv_layernorm", "visual.downsample", "visual.post_layernorm"),
+    "ernie45_vl": ("vision_tower.ln",),
+}
+
+SELECTIONS = list(FreezeSelection.all_selections())
+
+
+def part_of(family: str, name: str) -> str:
+    lm, vision, projection, other = PARTS[family]
+    if re.match(projection, name):
+        return "vision_projection"
+    if re.match(vision, name):
+        return "vision_model"
+    if re.match(lm, name):
+        return "language_model"
+    if other and re.match(other, name):
+        return "other"
+    raise AssertionError(f"{family}: the test's own table does not cover {name}")
+
+
+def expected_trainable(family: str, names: set[str], selection: FreezeSelection) -> set[str]:
+    frozen = {p.value for p in selection.frozen_parts()}
+    return {n for n in names if part_of(family, n) not in frozen}
+
+
+def test_the_table_covers_every_tiny_family():
+    assert set(PARTS) == set(TINY_FAMILIES)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_every_selection_trains_exactly_what_was_asked(cpu_bridge, family):
+    for selection in SELECTIONS:
+        provider = make_freezable(make_provider(family), selection)
+        chunks = build_tiny_chunks(family, provider=provider)
+        names = {n for c in chunks for n, _ in c.named_parameters()}
+        got = {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
+        want = expected_trainable(family, names, selection)
+        assert got == want, (
+            f"{family} {selection}: unexpectedly trainable {sorted(got - want)[:5]}, "
+            f"unexpectedly frozen {sorted(want - got)[:5]}"
+        )
+        # Every part the family has is really present in the tiny model.
+        assert {part_of(family, n) for n in names} >= {"language_model", "vision_model", "vision_projection"}
+
+
+@pytest.mark.parametrize("family", sorted(BRIDGE_FREEZE_GAPS))
+def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bridge, family):
+    provider = make_freezable(make_provider(family), FreezeSelection(freeze_language_model=True, freeze_vision_model=True))
+    chunks = build_tiny_chunks(family, provider=provider)
+    params = {n: p for c in chunks for n, p in c.named_parameters()}
+    for module in BRIDGE_FREEZE_GAPS[family]:
+        under = [n for n in params if n.startswith(module + ".")]
+        assert under, f"{family}: the tiny model has no {module} (the test would prove nothing)"
+        assert not any(params[n].requires_grad for n in under), f"{family}: {module} still trains"
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_family_builds_through_provide_and_provide_distributed_model(cpu_bridge, family):
+    from bridge_freeze_plugin.testing.tiny import build_tiny_model, family_module
+
+    model = build_tiny_model(family)
+    chunks = build_tiny_chunks(family)
+    assert len(chunks) == 1
+    names = {n for n, _ in model.named_parameters()}
+    assert names == {n for n, _ in chunks[0].named_parameters()}
+    if is_real(family):
+        assert type(model).__module__.startswith("megatron.bridge.models.")
+    else:
+        assert family_module(family).STAND_IN_REASON
