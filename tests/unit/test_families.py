@@ -21,6 +21,7 @@ PARTS: dict[str, tuple[str, str, str, str | None]] = {
     "qwen3_vl": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
     "qwen3_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
     "qwen35_vl": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
+    "qwen35_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
     "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
     "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
     "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
@@ -32,6 +33,7 @@ PARTS: dict[str, tuple[str, str, str, str | None]] = {
 
 # Modules Bridge's own freeze() leaves to no flag: ours must put them in the vision encoder.
 BRIDGE_FREEZE_GAPS = {
+    "qwen35_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
     "glm45v": ("visual.embeddings", "visual.post_conv_layernorm", "visual.downsample", "visual.post_layernorm"),
     "ernie45_vl": ("vision_tower.ln",),
 }

@@ -27,6 +27,7 @@ TINY_FAMILIES: dict[str, str] = {
     "qwen3_vl": "qwen3_vl",
     "qwen3_vl_moe": "qwen3_vl_moe",
     "qwen35_vl": "qwen35_vl",
+    "qwen35_vl_moe": "qwen35_vl_moe",
     "glm45v": "glm45v",
     "gemma3_vl": "gemma3_vl",
     "gemma4_vl": "gemma4_vl",

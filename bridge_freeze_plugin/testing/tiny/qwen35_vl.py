@@ -1,0 +1,157 @@
+"""Qwen3.5-VL (dense): real ``Qwen35VLModelProvider`` / ``Qwen3VLModel`` with a hybrid language model.
+
+The language model mixes Gated DeltaNet (GDN, linear attention) layers with gated standard-attention
+layers; here ``linear_attention_freq=2`` gives layer 0 = GDN, layer 1 = attention. The vision tower
+is Qwen3-VL's Megatron one; Qwen3.5's HF vision config has no DeepStack indexes, so
+``vision_model.decoder.deepstack_merger_list`` is empty and the projection is ``vision_model.merger``.
+
+Extra CPU patches (:func:`build_patches`), all inside megatron-core's hybrid-spec code path, which
+is written for TransformerEngine only:
+
+- ``_get_backend_spec_provider`` asserts ``transformer_impl == "transformer_engine"`` and returns a
+  ``TESpecProvider`` (not importable without TE): answer megatron-core's ``LocalSpecProvider``.
+- ``get_gated_delta_net_module_spec`` asks the backend for a fused layernorm+linear ``in_proj``,
+  which the local backend does not have: build the GDN with a plain ``ColumnParallelLinear``
+  ``in_proj`` and a separate ``input_layernorm`` instead (TE fuses that norm into ``in_proj``).
+- ``get_gpt_layer_with_transformer_engine_spec`` in ``gpt_layer_specs`` (imported at call time by
+  the hybrid spec for its standard-attention layers): megatron-core's local spec.
+- ``GatedDeltaNet.__init__`` refuses to build without flash-linear-attention (``fla``), a
+  CUDA/Triton package that is not installed here; building uses nothing from it, so the guard
+  (``HAVE_FLA``) is lifted while building, and the GDN layer is given megatron-core's own pure
+  PyTorch ``torch_chunk_gated_delta_rule`` in place of FLA's ``chunk_gated_delta_rule`` kernel (it
+  keeps that reference after the build).
+
+Forward on the CPU: ``deterministic_mode=True`` (set here) makes the GDN use ``F.conv1d`` instead of
+FLA's ``causal_conv1d``; the one FLA function left, ``l2norm`` (q/k normalisation), is swapped for a
+PyTorch one by :func:`forward_patches`, which a forward/backward must run inside.
+
+``layernorm_zero_centered_gamma`` is ``False`` here (Qwen3.5 uses ``True``): megatron-core's torch
+norm does not support it. Names and structure are the real ones; norm numerics are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+TINY_IMAGE = {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
+
+#: Hybrid GDN + gated-attention language-model fields shared by the dense and MoE variants.
+TINY_HYBRID: dict[str, Any] = {
+    "linear_attention_freq": 2,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "layernorm_zero_centered_gamma": False,
+    "rotary_percent": 0.5,
+    "mrope_section": [2, 1, 1],
+    "share_embeddings_and_output_weights": False,
+    "deterministic_mode": True,
+}
+
+
+def vision_config() -> Any:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+
+    return Qwen3_5VisionConfig(
+        depth=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=4,
+        out_hidden_size=64,
+        num_position_embeddings=64,
+        **TINY_IMAGE,
+    )
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLModelProvider
+
+    provider = Qwen35VLModelProvider(
+        **TINY_LM,
+        **TINY_HYBRID,
+        vision_config=vision_config(),
+        **TINY_IMAGE,
+    )
+    return finalized(provider, **overrides)
+
+
+def _local_backend(config: Any) -> Any:
+    from megatron.core.models.backends import LocalSpecProvider
+
+    return LocalSpecProvider()
+
+
+def _local_gated_delta_net_spec(config: Any, backend: Any = None) -> Any:
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    backend = backend if backend is not None else LocalSpecProvider()
+    return ModuleSpec(
+        module=GatedDeltaNet,
+        submodules=GatedDeltaNetSubmodules(
+            in_proj=backend.column_parallel_linear(),
+            out_norm=backend.layer_norm(rms_norm=config.normalization == "RMSNorm", for_qk=False),
+            out_proj=backend.row_parallel_linear(),
+        ),
+        # No fused norm in in_proj: the layer builds its own input_layernorm.
+        metainfo={"fuse_input_layernorm": False},
+    )
+
+
+@contextlib.contextmanager
+def build_patches() -> Iterator[None]:
+    """Local (pure PyTorch) specs for the hybrid GDN/attention block, and the FLA build guard lifted."""
+    from megatron.core.models.gpt import experimental_attention_variant_module_specs as hybrid_specs
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.ssm.gated_delta_net import common as gdn_common
+    from megatron.core.ssm.gated_delta_net import gdn
+
+    from bridge_freeze_plugin.testing.local_specs import _filtered
+
+    patches: list[tuple[Any, str, Any]] = [
+        (hybrid_specs, "_get_backend_spec_provider", _local_backend),
+        (hybrid_specs, "get_gated_delta_net_module_spec", _local_gated_delta_net_spec),
+        (
+            gpt_layer_specs,
+            "get_gpt_layer_with_transformer_engine_spec",
+            _filtered(gpt_layer_specs.get_gpt_layer_local_spec),
+        ),
+        (gdn_common, "HAVE_FLA", True),
+        (gdn, "chunk_gated_delta_rule", gdn_common.torch_chunk_gated_delta_rule),
+    ]
+    undo = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    try:
+        for module, name, value in patches:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, original in reversed(undo):
+            setattr(module, name, original)
+
+
+def _l2norm(x: Any, dim: int = -1, eps: float = 1e-6) -> Any:
+    """``x / sqrt(sum(x**2) + eps)`` along ``dim``: what FLA's ``l2norm`` computes, in PyTorch."""
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).sum(dim=dim, keepdim=True) + eps)
+
+
+@contextlib.contextmanager
+def forward_patches() -> Iterator[None]:
+    """PyTorch ``l2norm`` for the GDN layers while a forward/backward runs (FLA is not installed)."""
+    from megatron.core.ssm.gated_delta_net import common as gdn_common
+
+    original = gdn_common.l2norm
+    gdn_common.l2norm = _l2norm
+    try:
+        yield
+    finally:
+        gdn_common.l2norm = original
