@@ -56,6 +56,9 @@ class TrainSpec:
     token_ids: Mapping[str, int]
     #: parameter-name prefixes of the vision projection (as a bare chunk names them).
     projection_prefixes: tuple[str, ...]
+    #: other provider fields for a CPU run (the fused cross entropy is torch.compile'd: seconds of
+    #: inductor compilation on the first step, for the same numbers).
+    cpu_overrides: Mapping[str, Any] = field(default_factory=lambda: {"cross_entropy_loss_fusion": False})
     #: (t, h, w) of each synthetic image, in patches; h and w are multiples of the merge size.
     image_grid_thw: tuple[int, int, int] = (1, 8, 8)
     #: random text tokens before and after the image (besides bos / vision start / end / eos).
@@ -94,10 +97,11 @@ def train_spec(family: str) -> TrainSpec:
 
 
 def make_provider(family: str, **overrides: Any) -> Any:
-    """The family's tiny provider with its special token ids moved inside the tiny vocabulary."""
+    """The family's tiny provider, special token ids inside the tiny vocabulary, CPU-friendly loss."""
     from bridge_freeze_plugin.testing import tiny
 
-    return tiny.make_provider(family, **{**train_spec(family).token_ids, **overrides})
+    spec = train_spec(family)
+    return tiny.make_provider(family, **{**spec.token_ids, **spec.cpu_overrides, **overrides})
 
 
 def projection_parameter_names(family: str, model: torch.nn.Module) -> list[str]:
@@ -253,6 +257,10 @@ def _packed_as_masked(original: Any) -> Any:
     return forward
 
 
+def _cpu_device() -> str:
+    return "cpu"
+
+
 _PATCH_LOCK = threading.RLock()
 _PATCH_DEPTH = 0
 
@@ -261,17 +269,22 @@ _PATCH_DEPTH = 0
 def forward_patches() -> Iterator[None]:
     """CPU patches a forward/backward of the tiny models needs; restored on exit; re-entrant.
 
-    Only one: ``megatron.core.transformer.dot_product_attention.DotProductAttention.forward``
-    accepts THD packed-sequence parameters (by masking, see :func:`block_diagonal_mask`). Calls
-    without packed parameters reach the original unchanged.
+    - ``megatron.core.transformer.dot_product_attention.DotProductAttention.forward`` accepts THD
+      packed-sequence parameters (by masking, see :func:`block_diagonal_mask`). Calls without
+      packed parameters reach the original unchanged.
+    - ``torch.cuda.current_device`` answers ``"cpu"`` where no CUDA device exists: megatron-core's
+      ``GlobalMemoryBuffer`` (the local attention's score buffer) asks it for a device.
     """
     global _PATCH_DEPTH
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     with _PATCH_LOCK:
-        original = DotProductAttention.forward
+        original_forward = DotProductAttention.forward
+        original_current_device = torch.cuda.current_device
         if _PATCH_DEPTH == 0:
-            DotProductAttention.forward = _packed_as_masked(original)  # type: ignore[method-assign]
+            DotProductAttention.forward = _packed_as_masked(original_forward)  # type: ignore[method-assign]
+            if not torch.cuda.is_available():
+                torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
         _PATCH_DEPTH += 1
     try:
         yield
@@ -279,7 +292,8 @@ def forward_patches() -> Iterator[None]:
         with _PATCH_LOCK:
             _PATCH_DEPTH -= 1
             if _PATCH_DEPTH == 0:
-                DotProductAttention.forward = original  # type: ignore[method-assign]
+                DotProductAttention.forward = original_forward  # type: ignore[method-assign]
+                torch.cuda.current_device = original_current_device  # type: ignore[assignment]
 
 
 # --------------------------------------------------------------------------------------------

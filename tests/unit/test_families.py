@@ -33,7 +33,6 @@ PARTS: dict[str, tuple[str, str, str, str | None]] = {
 
 # Modules Bridge's own freeze() leaves to no flag: ours must put them in the vision encoder.
 BRIDGE_FREEZE_GAPS = {
-    "qwen35_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
     "glm45v": ("visual.embeddings", "visual.post_conv_layernorm", "visual.downsample", "visual.post_layernorm"),
     "ernie45_vl": ("vision_tower.ln",),
 }

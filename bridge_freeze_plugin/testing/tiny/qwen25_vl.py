@@ -63,6 +63,8 @@ def make_provider(**overrides: Any) -> Any:
         add_bias_linear=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        # The fused cross entropy is torch.compile'd: seconds of compilation on a CPU's first step.
+        cross_entropy_loss_fusion=False,
         # kv_channels 16 -> 8 rotary frequencies, split over (t, h, w).
         mrope_section=[2, 3, 3],
         **TOKEN_IDS,
