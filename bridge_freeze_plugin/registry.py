@@ -62,12 +62,16 @@ class FamilySpec:
     vision_projection: tuple[str, ...]
     other: tuple[str, ...] = ()
     description: str = ""
+    #: HF ``config.json`` ``model_type`` values of this family (to recognise a checkpoint or config).
+    hf_model_types: tuple[str, ...] = ()
+    #: Known Bridge issue: under full activation recompute the projection (part of it) gets no gradient.
+    projection_needs_recompute_off: bool = False
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other"):
+        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types"):
             value = getattr(self, attr)
             if isinstance(value, str):
                 raise FamilyRegistrationError(
@@ -136,6 +140,8 @@ class FamilySpec:
             "providers": list(self.providers),
             **{part.value: list(self.prefixes(part)) for part in (*SELECTABLE_PARTS, Part.OTHER)},
             "description": self.description,
+            "hf_model_types": list(self.hf_model_types),
+            "projection_needs_recompute_off": self.projection_needs_recompute_off,
             "source": self.source,
         }
 
@@ -207,6 +213,13 @@ class FamilyRegistry:
         cls = provider if isinstance(provider, type) else type(provider)
         return self.for_provider_class(cls)
 
+    def for_hf_model_type(self, model_type: str) -> FamilySpec | None:
+        """The family whose checkpoints carry this HF ``model_type`` (``config.json``)."""
+        for spec in self:
+            if model_type in spec.hf_model_types:
+                return spec
+        return None
+
     def find(self, name_or_class: str) -> FamilySpec:
         """A family by family name, provider class name (``Qwen3VLModelProvider``) or class path."""
         if name_or_class in self._families:
@@ -233,6 +246,8 @@ def register_family(
     vision_projection: Iterable[str],
     other: Iterable[str] = (),
     description: str = "",
+    hf_model_types: Iterable[str] = (),
+    projection_needs_recompute_off: bool = False,
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
@@ -245,6 +260,8 @@ def register_family(
         vision_projection=tuple(vision_projection),
         other=tuple(other),
         description=description,
+        hf_model_types=tuple(hf_model_types),
+        projection_needs_recompute_off=projection_needs_recompute_off,
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)

@@ -11,5 +11,6 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("vision_tower", "vision_model"),
         vision_projection=("resampler_model",),
+        hf_model_types=("ernie4_5_vl_moe", "ernie4_5_moe_vl"),
     ),
 ]

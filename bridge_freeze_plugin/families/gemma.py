@@ -12,6 +12,7 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("vision_tower",),
         vision_projection=("multi_modal_projector",),
+        hf_model_types=("gemma3",),
     ),
     FamilySpec(
         name="gemma4_vl",
@@ -23,6 +24,7 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("vision_tower",),
         vision_projection=("embed_vision",),
+        hf_model_types=("gemma4",),
         other=("audio_tower", "embed_audio"),
     ),
 ]

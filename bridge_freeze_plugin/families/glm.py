@@ -12,5 +12,6 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("visual",),
         vision_projection=("visual.merger",),
+        hf_model_types=("glm4v_moe",),
     ),
 ]

@@ -10,5 +10,6 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("vision_tower",),
         vision_projection=("mm_projector",),
+        hf_model_types=("kimi_k25",),
     ),
 ]

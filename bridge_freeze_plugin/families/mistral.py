@@ -10,5 +10,6 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("vision_tower",),
         vision_projection=("multi_modal_projector",),
+        hf_model_types=("mistral3",),
     ),
 ]

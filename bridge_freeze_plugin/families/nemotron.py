@@ -10,5 +10,6 @@ FAMILIES = [
         language_model=("llava_model.language_model",),
         vision_model=("llava_model.vision_model",),
         vision_projection=("llava_model.vision_projection",),
+        hf_model_types=("nemotron_vl",),
     ),
 ]

@@ -6,7 +6,10 @@ _PKG = "megatron.bridge.models.qwen_vl"
 
 # Qwen3-VL: the Megatron vision tower ``vision_model`` holds the main projection ``merger`` and
 # the DeepStack mergers ``decoder.deepstack_merger_list``; the rest of it is the encoder.
+# Under full activation recompute the vision config copies the LM's recompute settings, and the DeepStack
+# mergers (run inside the checkpointed function, outputs returned in a Python list) get no gradient.
 _QWEN3_PARTS = {
+    "projection_needs_recompute_off": True,
     "language_model": ("language_model",),
     "vision_model": ("vision_model",),
     "vision_projection": ("vision_model.merger", "vision_model.decoder.deepstack_merger_list"),
@@ -20,17 +23,20 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("visual",),
         vision_projection=("visual.merger",),
+        hf_model_types=("qwen2_5_vl",),
     ),
     FamilySpec(
         name="qwen3_vl",
         description="Qwen3-VL dense (projection: merger + DeepStack mergers inside `vision_model`)",
         providers=(f"{_PKG}.qwen3_vl_provider:Qwen3VLModelProvider",),
+        hf_model_types=("qwen3_vl",),
         **_QWEN3_PARTS,
     ),
     FamilySpec(
         name="qwen3_vl_moe",
         description="Qwen3-VL MoE; Bridge's provider freezes LM and vision encoder by default",
         providers=(f"{_PKG}.qwen3_vl_provider:Qwen3VLMoEModelProvider",),
+        hf_model_types=("qwen3_vl_moe",),
         **_QWEN3_PARTS,
     ),
     FamilySpec(
@@ -40,6 +46,7 @@ FAMILIES = [
             f"{_PKG}.qwen35_vl_provider:Qwen35VLModelProvider",
             f"{_PKG}.qwen35_vl_provider:Qwen35VLMoEModelProvider",
         ),
+        hf_model_types=("qwen3_5", "qwen3_5_moe"),
         **_QWEN3_PARTS,
     ),
 ]
