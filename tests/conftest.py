@@ -15,8 +15,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def cpu_bridge():
     """``import megatron.bridge`` (TE stub) + gloo + model-parallel state, once per test session."""
+    import torch
+
     from bridge_freeze_plugin.testing.cpu_runtime import import_bridge, init_cpu_distributed
 
+    # One thread: on a 2-core machine this is faster and steadier for tiny models.
+    torch.set_num_threads(1)
     bridge = import_bridge()
     init_cpu_distributed()
     return bridge

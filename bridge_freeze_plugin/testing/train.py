@@ -301,16 +301,21 @@ def forward_patches() -> Iterator[None]:
 # --------------------------------------------------------------------------------------------
 
 
-def _forward_kwargs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], spec: TrainSpec | None) -> dict:
+def _forward_kwargs(batch: Mapping[str, torch.Tensor], spec: TrainSpec | None) -> dict[str, torch.Tensor]:
     keys = spec.forward_keys if spec is not None else {k: k for k in batch}
     return {kwarg: batch[key] for key, kwarg in keys.items() if key in batch}
 
 
 def loss_fn(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], family: str | None = None) -> torch.Tensor:
-    """One forward of ``model`` on ``batch``; the mean next-token loss over ``loss_mask`` (a scalar)."""
+    """One forward of ``model`` on ``batch``; the mean next-token loss over ``loss_mask`` (a scalar).
+
+    Enters :func:`forward_patches` for the forward. Without ``family`` every batch key is passed
+    to ``model.forward`` by its own name (true of the Qwen families); with it, the family's
+    :attr:`TrainSpec.forward_keys` say which keys go where.
+    """
     spec = train_spec(family) if family is not None else None
     with forward_patches():
-        output = model(**_forward_kwargs(model, batch, spec))
+        output = model(**_forward_kwargs(batch, spec))
     if isinstance(output, tuple):  # (per-token loss, loss_mask) on context-parallel paths
         output = output[0]
     mask = batch["loss_mask"].to(output.dtype)

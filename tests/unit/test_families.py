@@ -16,16 +16,19 @@ from bridge_freeze_plugin.testing.tiny import TINY_FAMILIES, build_tiny_chunks, 
 
 # family -> (language model, vision encoder, vision projection, untouched other) as regexes over names.
 # The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
+_QWEN3 = (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None)
+_LLAVA = r"llava_model\."
+
 PARTS: dict[str, tuple[str, str, str, str | None]] = {
     "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
-    "qwen3_vl": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
-    "qwen3_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
-    "qwen35_vl": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
-    "qwen35_vl_moe": (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None),
+    "qwen3_vl": _QWEN3,
+    "qwen3_vl_moe": _QWEN3,
+    "qwen35_vl": _QWEN3,
+    "qwen35_vl_moe": _QWEN3,
     "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
     "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
     "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
-    "nemotron_vl": (r"llava_model\.language_model\.", r"llava_model\.vision_model\.", r"llava_model\.vision_projection\.", None),
+    "nemotron_vl": (_LLAVA + r"language_model\.", _LLAVA + r"vision_model\.", _LLAVA + r"vision_projection\.", None),
     "ernie45_vl": (r"language_model\.", r"(vision_tower|vision_model)\.", r"resampler_model\.", None),
     "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
     "kimi_k25_vl": (r"language_model\.", r"vision_tower\.", r"mm_projector\.", None),
@@ -80,7 +83,8 @@ def test_every_selection_trains_exactly_what_was_asked(cpu_bridge, family):
 
 @pytest.mark.parametrize("family", sorted(BRIDGE_FREEZE_GAPS))
 def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bridge, family):
-    provider = make_freezable(make_provider(family), FreezeSelection(freeze_language_model=True, freeze_vision_model=True))
+    projection_only = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
+    provider = make_freezable(make_provider(family), projection_only)
     chunks = build_tiny_chunks(family, provider=provider)
     params = {n: p for c in chunks for n, p in c.named_parameters()}
     for module in BRIDGE_FREEZE_GAPS[family]:

@@ -63,6 +63,8 @@ def make_provider(**overrides: Any) -> Any:
         add_bias_linear=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        # Untied output layer (as Qwen2.5-VL 7B/32B/72B; 3B ties them), so language_model.output_layer exists.
+        share_embeddings_and_output_weights=False,
         # The fused cross entropy is torch.compile'd: seconds of compilation on a CPU's first step.
         cross_entropy_loss_fusion=False,
         # kv_channels 16 -> 8 rotary frequencies, split over (t, h, w).
