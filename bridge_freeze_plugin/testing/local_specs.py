@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -67,6 +68,10 @@ def cpu_build_patches() -> Iterator[None]:
             if name in namespace:
                 undo.append((module, name, namespace[name]))
                 setattr(module, name, replacement)
+    # A provider with a non-"auto" attention backend writes NVTE_* variables that megatron-core then
+    # asserts on in every later build of the process: each build starts from none of them.
+    nvte = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+    saved_env = {name: os.environ.pop(name, None) for name in nvte}
     undo.append((torch.cuda, "current_device", torch.cuda.current_device))
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
     try:
@@ -74,3 +79,8 @@ def cpu_build_patches() -> Iterator[None]:
     finally:
         for module, name, original in reversed(undo):
             setattr(module, name, original)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

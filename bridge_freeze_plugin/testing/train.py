@@ -28,7 +28,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,6 +332,7 @@ def train_steps(
     weight_decay: float = 0.1,
     batch_size: int = 1,
     seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """``steps`` AdamW steps over the parameters with ``requires_grad`` (only); returns the losses."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -348,4 +349,6 @@ def train_steps(
         optimizer.step()
         losses.append(float(loss.detach()))
         logger.debug("%s step %d loss %.4f", family, step, losses[-1])
+        if on_step is not None:
+            on_step(step, losses[-1])
     return losses

@@ -1,0 +1,127 @@
+"""Gemma4-VL (MoE): real ``Gemma4VLModelProvider`` / ``Gemma4VLModel``, HF Gemma4 vision and audio towers.
+
+The model has five top-level parts: ``vision_tower`` and ``embed_vision`` (the vision projection),
+``audio_tower`` and ``embed_audio`` (built only when ``audio_config`` is set; the default tiny
+configuration sets it so the audio parts exist, ``make_provider(audio_config=None)`` drops them),
+and the Megatron ``language_model``.
+
+CPU changes, all through provider fields (no patches):
+
+- ``transformer_layer_spec``: Bridge's own ``_gemma4_block_spec`` with ``use_transformer_engine=False``
+  (the default decides from ``HAVE_TE``, which is true whenever megatron-core's TE extension module
+  imports, even without TransformerEngine) and megatron-core's local ``DotProductAttention`` in place of
+  ``Gemma4TEDotProductAttention`` (a TE subclass). Layer, attention, MoE layer and router classes stay
+  Gemma4's own (``Gemma4TransformerLayer``, ``Gemma4SelfAttention``, ``Gemma4MoELayer``,
+  ``Gemma4TopKRouter``).
+- MoE: ``moe_grouped_gemm=False`` (local per-expert MLPs), ``moe_permute_fusion=False`` and the
+  ``allgather`` token dispatcher (``alltoall`` creates a ``torch.cuda.Stream`` in its constructor).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+
+TINY_VISION_HIDDEN = 32
+TINY_AUDIO_HIDDEN = 32
+#: MoE sizes (the shared expert uses TINY_LM's ffn_hidden_size).
+TINY_MOE = {"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 32}
+#: Layer 1 sliding-window attention, layer 2 global attention (Gemma4's real pattern is 5:1).
+ATTN_PATTERN = (1, 1)
+GLOBAL_HEAD_DIM = 32
+#: Placeholders inside the tiny vocabulary (the real ids, ~258k, are past its end).
+TOKEN_IDS = {
+    "image_token_id": TINY_LM["vocab_size"] - 3,
+    "video_token_id": TINY_LM["vocab_size"] - 2,
+    "audio_token_id": TINY_LM["vocab_size"] - 1,
+}
+
+
+def local_block_spec(config: Any) -> Any:
+    """Gemma4's MoE block spec built on megatron-core's local layers (no TE)."""
+    from megatron.bridge.models.gemma.modeling_gemma4 import _gemma4_block_spec
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    spec = _gemma4_block_spec(config, use_transformer_engine=False)
+    for layer_spec in spec.layer_specs:
+        layer_spec.submodules.self_attention.submodules.core_attention = DotProductAttention
+    return spec
+
+
+def vision_config() -> Any:
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig
+
+    return Gemma4VisionConfig(
+        hidden_size=TINY_VISION_HIDDEN,
+        intermediate_size=2 * TINY_VISION_HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=TINY_VISION_HIDDEN // 2,
+        patch_size=4,
+        position_embedding_size=64,
+        pooling_kernel_size=2,
+    )
+
+
+def text_config() -> Any:
+    """HF text config: ``embed_vision`` / ``embed_audio`` read its hidden size, forward its pad id."""
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+
+    return Gemma4TextConfig(
+        vocab_size=TINY_LM["vocab_size"],
+        hidden_size=TINY_LM["hidden_size"],
+        intermediate_size=TINY_LM["ffn_hidden_size"],
+        num_hidden_layers=TINY_LM["num_layers"],
+        num_attention_heads=TINY_LM["num_attention_heads"],
+        num_key_value_heads=TINY_LM["num_query_groups"],
+        head_dim=TINY_LM["kv_channels"],
+        global_head_dim=GLOBAL_HEAD_DIM,
+        num_global_key_value_heads=1,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=16,
+        enable_moe_block=True,
+        num_experts=TINY_MOE["num_moe_experts"],
+        top_k_experts=TINY_MOE["moe_router_topk"],
+        moe_intermediate_size=TINY_MOE["moe_ffn_hidden_size"],
+        vocab_size_per_layer_input=TINY_LM["vocab_size"],
+        hidden_size_per_layer_input=8,
+    )
+
+
+def audio_config() -> Any:
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4AudioConfig
+
+    return Gemma4AudioConfig(
+        hidden_size=TINY_AUDIO_HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        subsampling_conv_channels=[8, 4],
+        output_proj_dims=TINY_AUDIO_HIDDEN,
+    )
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.gemma_vl.gemma4_vl_provider import Gemma4VLModelProvider
+
+    provider = Gemma4VLModelProvider(
+        **TINY_LM,
+        **TINY_MOE,
+        vision_config=vision_config(),
+        text_config=text_config(),
+        audio_config=audio_config(),
+        transformer_layer_spec=local_block_spec,
+        moe_shared_expert_intermediate_size=TINY_LM["ffn_hidden_size"],
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_token_dispatcher_type="allgather",
+        global_head_dim=GLOBAL_HEAD_DIM,
+        num_global_key_value_heads=1,
+        window_size=16,
+        interleaved_attn_pattern=ATTN_PATTERN,
+        **TOKEN_IDS,
+    )
+    return finalized(provider, **overrides)

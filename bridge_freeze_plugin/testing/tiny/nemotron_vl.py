@@ -1,0 +1,260 @@
+"""Nemotron-VL (Nano V2 VL): real ``NemotronVLModelProvider`` / ``NemotronVLModel``.
+
+``provide()`` builds a real megatron-core ``LLaVAModel`` (``llava_model``) whose language model is
+a real hybrid ``HybridModel`` (Mamba + attention + MLP layers), whose vision model is a real
+``RADIOViTModel`` and whose projection is a real ``MultimodalProjector``, and wraps it in Bridge's
+``NemotronVLModel``. Everything around ``provide()`` is Bridge's own code.
+
+CPU patches (:func:`build_patches`, active only while building):
+
+1. Language spec: the provider hands megatron-core's ``hybrid_stack_spec`` (TransformerEngine
+   classes, fixed at import) to ``LLaVAModel``. It sees a copy of that spec with the same layout
+   in which each TE class is swapped for a local one: ``TELayerNormColumnParallelLinear`` ->
+   ``CpuLayerNormColumnParallelLinear`` (from :func:`cpu_classes`: a ``ColumnParallelLinear`` with
+   the fused norm's ``layer_norm_weight`` / ``layer_norm_bias``, so parameter names are TE's),
+   ``TERowParallelLinear`` / ``TEColumnParallelLinear`` -> ``RowParallelLinear`` /
+   ``ColumnParallelLinear``, ``TEDotProductAttention`` -> ``DotProductAttention``, ``TENorm`` ->
+   ``WrappedTorchNorm``. The vision projection's MLP spec is cloned from that spec by the
+   provider, so it gets the same local classes.
+2. ``HybridStack.final_norm`` is built from ``TENorm`` named inside ``hybrid_block``: swapped for
+   ``WrappedTorchNorm`` (same ``final_norm.weight`` name).
+3. Mamba: ``MambaMixer.__init__`` refuses to run without the ``mamba-ssm`` package (not
+   installable here: CUDA-only wheels) and builds its gated RMSNorm from it. While building,
+   ``mamba_mixer.HAVE_MAMBA_SSM`` reads True and its gated norm is ``CpuGatedRMSNorm`` (:func:`cpu_classes`)
+   (same ``norm.weight`` parameter). The rest of ``MambaMixer`` (``in_proj``, ``conv1d_weight``,
+   ``conv1d_bias``, ``dt_bias``, ``A_log``, ``D``, ``out_proj``) is the real constructor's.
+   Construction only: a Mamba layer's forward needs mamba-ssm's kernels and fails on the CPU.
+   A pattern without ``M`` (``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)``) builds a
+   model whose language model runs forward/backward on the CPU (under ``train.forward_patches``).
+4. Sizes: the provider hard-codes the vision tower (32 layers, hidden 1280) and the projection
+   FFN (20480) inside ``provide()``: about 700M parameters. ``LLaVAModel`` as named in the
+   provider module is a thin function that shrinks those two configs (2 layers, hidden 64,
+   FFN 128) and then calls the real ``LLaVAModel``.
+
+5. Environment: building a megatron-core language model writes its attention backend into
+   ``NVTE_FLASH_ATTN`` / ``NVTE_FUSED_ATTN`` / ``NVTE_UNFUSED_ATTN`` and asserts that values already
+   there agree. This provider's backend is ``flash`` (Hybrid default); most other families' is
+   ``auto``. Those variables are cleared while building and restored afterwards, so building this
+   family and another one in the same process works in either order.
+
+Layer implementations are megatron-core's local ones; module names and tree are the real ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+
+#: One Mamba, one MLP, one attention, one MLP layer: every layer kind of Nano V2's pattern.
+TINY_PATTERN = "M-*-"
+
+#: No Mamba layer: pass as ``hybrid_layer_pattern`` where a test needs a CPU forward of the LM.
+FORWARD_PATTERN = "*-"
+
+#: Mamba sizes: 4 heads x 16 = d_inner 64, 2 groups, state 16.
+TINY_MAMBA: dict[str, Any] = {
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "mamba_num_groups": 2,
+    "mamba_state_dim": 16,
+}
+
+#: Vision tower / projection sizes forced onto the configs ``provide()`` hard-codes.
+TINY_VISION: dict[str, Any] = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "ffn_hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_query_groups": 4,
+    "kv_channels": 16,
+}
+TINY_PROJECTION_FFN = 128
+
+#: Environment variables megatron-core's ``LanguageModule`` sets from ``attention_backend``.
+NVTE_BACKEND_VARS = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+
+
+@functools.cache
+def cpu_classes() -> tuple[type, type]:
+    """``(CpuLayerNormColumnParallelLinear, CpuGatedRMSNorm)``, defined on first use (imports megatron-core)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    class CpuLayerNormColumnParallelLinear(ColumnParallelLinear):
+        """``ColumnParallelLinear`` with a norm in front, holding TE ``LayerNormLinear``'s parameter names."""
+
+        _ACCEPTED = frozenset(inspect.signature(ColumnParallelLinear.__init__).parameters)
+
+        def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._ACCEPTED}
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.normalization = config.normalization
+            self.eps = config.layernorm_epsilon
+            self.zero_centered_gamma = bool(config.layernorm_zero_centered_gamma)
+            init = torch.zeros if self.zero_centered_gamma else torch.ones
+            self.layer_norm_weight = torch.nn.Parameter(init(input_size, dtype=config.params_dtype))
+            norm_params = [self.layer_norm_weight]
+            if self.normalization == "LayerNorm":
+                self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype))
+                norm_params.append(self.layer_norm_bias)
+            else:
+                self.layer_norm_bias = None
+            for param in norm_params:
+                param.sequence_parallel = bool(config.sequence_parallel)
+
+        def forward(self, input_: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            weight = self.layer_norm_weight + 1 if self.zero_centered_gamma else self.layer_norm_weight
+            shape = (input_.shape[-1],)
+            if self.normalization == "LayerNorm":
+                normed = F.layer_norm(input_, shape, weight, self.layer_norm_bias, self.eps)
+            else:
+                normed = F.rms_norm(input_, shape, weight, self.eps)
+            return super().forward(normed, *args, **kwargs)
+
+    class CpuGatedRMSNorm(torch.nn.Module):
+        """Group-wise RMSNorm of ``x * silu(z)`` (gate before norm), the Mamba2 output norm."""
+
+        def __init__(
+            self,
+            hidden_size: int,
+            eps: float = 1e-5,
+            group_size: int | None = None,
+            norm_before_gate: bool = False,
+            device: Any = None,
+            dtype: torch.dtype | None = None,
+        ) -> None:
+            super().__init__()
+            self.eps = eps
+            self.group_size = group_size or hidden_size
+            self.norm_before_gate = norm_before_gate
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+
+        def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+            if z is not None and not self.norm_before_gate:
+                x = x * F.silu(z)
+            grouped = x.reshape(*x.shape[:-1], -1, self.group_size)
+            grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+            out = grouped.reshape(x.shape) * self.weight
+            if z is not None and self.norm_before_gate:
+                out = out * F.silu(z)
+            return out
+
+    return CpuLayerNormColumnParallelLinear, CpuGatedRMSNorm
+
+
+def _local_classes() -> list[tuple[Any, type]]:
+    """(TE name as megatron-core holds it, local replacement). Without TE those names are mocks, not classes."""
+    from megatron.core.extensions import transformer_engine as te_ext
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    layer_norm_linear, _ = cpu_classes()
+    return [
+        (te_ext.TELayerNormColumnParallelLinear, layer_norm_linear),
+        (te_ext.TEColumnParallelLinear, ColumnParallelLinear),
+        (te_ext.TERowParallelLinear, RowParallelLinear),
+        (te_ext.TEDotProductAttention, DotProductAttention),
+        (te_ext.TENorm, WrappedTorchNorm),
+    ]
+
+
+def _swap_classes(obj: Any, table: list[tuple[Any, type]]) -> Any:
+    """A copy of a spec tree (ModuleSpec / submodule dataclasses / partials) with TE names swapped."""
+    for original, replacement in table:
+        if obj is original:
+            return replacement
+    if isinstance(obj, type):
+        return obj
+    if isinstance(obj, functools.partial):
+        args = [_swap_classes(a, table) for a in obj.args]
+        keywords = {k: _swap_classes(v, table) for k, v in obj.keywords.items()}
+        return functools.partial(obj.func, *args, **keywords)
+    if dataclasses.is_dataclass(obj):
+        fields = [f.name for f in dataclasses.fields(obj) if f.init]
+        return dataclasses.replace(obj, **{name: _swap_classes(getattr(obj, name), table) for name in fields})
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_swap_classes(item, table) for item in obj)
+    if isinstance(obj, dict):
+        return {k: _swap_classes(v, table) for k, v in obj.items()}
+    return obj
+
+
+@functools.cache
+def local_hybrid_stack_spec() -> Any:
+    """megatron-core's ``hybrid_stack_spec`` with every TE class replaced by a local one."""
+    from megatron.core.models.hybrid.hybrid_layer_specs import hybrid_stack_spec
+
+    return _swap_classes(hybrid_stack_spec, _local_classes())
+
+
+def _shrink(config: Any, **sizes: Any) -> Any:
+    for name, value in sizes.items():
+        setattr(config, name, value)
+    return config
+
+
+def _tiny_llava(**kwargs: Any) -> Any:
+    """Shrink the vision and projection configs ``provide()`` hard-codes, then build the real LLaVAModel."""
+    from megatron.core.models.multimodal.llava_model import LLaVAModel
+
+    _shrink(kwargs["vision_transformer_config"], **TINY_VISION)
+    _shrink(kwargs["vision_projection_config"], ffn_hidden_size=TINY_PROJECTION_FFN)
+    return LLaVAModel(**kwargs)
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.nemotron_vl.nemotron_vl_provider import NemotronVLModelProvider
+
+    lm = {k: v for k, v in TINY_LM.items() if k != "num_layers"}  # finalize() derives it from the pattern
+    provider = NemotronVLModelProvider(
+        **lm,
+        **TINY_MAMBA,
+        hybrid_layer_pattern=TINY_PATTERN,
+        first_last_layers_bf16=False,
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_shared_expert_overlap=False,
+    )
+    return finalized(provider, **overrides)
+
+
+@contextlib.contextmanager
+def build_patches() -> Iterator[None]:
+    """Local hybrid spec and final norm, buildable Mamba mixer, tiny vision, NVTE env (see module doc)."""
+    from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
+    from megatron.core.models.hybrid import hybrid_block
+    from megatron.core.ssm import mamba_mixer
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    patches: list[tuple[Any, str, Any]] = [
+        (nemotron_vl_provider, "hybrid_stack_spec", local_hybrid_stack_spec()),
+        (nemotron_vl_provider, "LLaVAModel", _tiny_llava),
+        (hybrid_block, "TENorm", WrappedTorchNorm),
+        (mamba_mixer, "HAVE_MAMBA_SSM", True),
+        (mamba_mixer, "ExtendedRMSNorm", cpu_classes()[1]),
+    ]
+    undo = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    saved_env = {name: os.environ.pop(name, None) for name in NVTE_BACKEND_VARS}
+    for module, name, value in patches:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(undo):
+            setattr(module, name, original)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
