@@ -1,0 +1,105 @@
+"""Gemma3-VL: real ``Gemma3VLModelProvider`` / ``Gemma3VLModel``, HF SigLIP vision tower.
+
+Gemma3's own layer spec (``gemma3_layer_spec``) is TransformerEngine-only (fused layer-norm linears,
+a TE core-attention subclass), so the language model is built from megatron-core's local GPT layer
+spec with Gemma3's real ``Gemma3SelfAttention`` class, and with ``layernorm_zero_centered_gamma=False``
+(the torch norms reject zero-centred gamma). Module names down to ``language_model.decoder.layers``
+and every vision-side name are the real ones; inside a layer the norms sit where the local spec puts
+them (``input_layernorm`` / ``pre_mlp_layernorm`` instead of TE's fused ``linear_qkv.layer_norm_weight``,
+no ``post_layernorm`` after ``linear_proj`` / ``linear_fc2``). Numerics are not Gemma's.
+
+:func:`build_patches` keeps the build from leaking process state: Gemma3-VL's fixed
+``attention_backend=fused`` makes megatron-core's ``LanguageModule`` set ``NVTE_FLASH_ATTN=0`` (and
+``NVTE_FUSED_ATTN=1``, ``NVTE_UNFUSED_ATTN=0``) in ``os.environ``, and the next model built in the same
+process with the default ``auto`` backend then fails an assertion on those variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+
+#: SigLIP: 16x16 pixels, 4x4 patches -> 16 patches per image, pooled 2x2 -> 4 tokens per image.
+TINY_VISION = {"hidden_size": 32, "image_size": 16, "patch_size": 4, "tokens_per_image": 4}
+#: Image placeholder inside the tiny vocabulary (the real id, 262144, is past its end).
+IMAGE_TOKEN_ID = TINY_LM["vocab_size"] - 1
+
+
+#: Environment variables megatron-core's ``LanguageModule._set_attention_backend`` checks and sets.
+NVTE_ATTENTION_VARS = tuple(
+    ["NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"] + [f"NVTE_FLASH_ATTN_V{v}" for v in (2, 3, 4)]
+)
+
+
+@contextlib.contextmanager
+def build_patches() -> Iterator[None]:
+    """Build with the NVTE attention variables unset; put back what was there before."""
+    saved = {name: os.environ.pop(name, None) for name in NVTE_ATTENTION_VARS}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def local_layer_spec(config: Any) -> Any:
+    """megatron-core's local GPT layer spec with Gemma3's self-attention class (no TE)."""
+    from megatron.bridge.models.gemma.gemma3_provider import Gemma3SelfAttention
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    spec.submodules.self_attention.module = Gemma3SelfAttention
+    return spec
+
+
+def vision_config() -> Any:
+    from transformers import SiglipVisionConfig
+
+    return SiglipVisionConfig(
+        hidden_size=TINY_VISION["hidden_size"],
+        intermediate_size=2 * TINY_VISION["hidden_size"],
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=TINY_VISION["image_size"],
+        patch_size=TINY_VISION["patch_size"],
+    )
+
+
+def projector_config() -> Any:
+    from megatron.bridge.models.gemma_vl.modeling_gemma3_vl import Gemma3VLMultimodalProjectorConfig
+
+    return Gemma3VLMultimodalProjectorConfig(
+        input_size=TINY_VISION["hidden_size"],
+        hidden_size=TINY_LM["hidden_size"],
+        image_size=TINY_VISION["image_size"],
+        patch_dim=TINY_VISION["patch_size"],
+        tokens_per_image=TINY_VISION["tokens_per_image"],
+        layernorm_zero_centered_gamma=False,
+        params_dtype=TINY_LM["params_dtype"],
+        use_cpu_initialization=True,
+    )
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.gemma_vl.gemma3_vl_provider import Gemma3VLModelProvider
+
+    provider = Gemma3VLModelProvider(
+        **TINY_LM,
+        vision_config=vision_config(),
+        vision_projector_config=projector_config(),
+        mm_tokens_per_image=TINY_VISION["tokens_per_image"],
+        layernorm_zero_centered_gamma=False,
+        transformer_layer_spec=local_layer_spec,
+        window_size=16,
+        image_token_id=IMAGE_TOKEN_ID,
+    )
+    return finalized(provider, **overrides)
