@@ -1,15 +1,27 @@
-"""GLM-4.5V: real ``GLM45VModelProvider`` / ``GLM45VModel`` (HF Glm4v vision tower, Megatron MoE text model)."""
+"""GLM-4.5V: real ``GLM45VModelProvider`` / ``GLM45VModel`` (HF Glm4v vision tower, Megatron MoE text model).
+
+The text side is GLM-4.5-Air-shaped but tiny: layer 0 dense, layer 1 MoE (4 routed experts of width 32,
+top-2, plus a shared expert), partial (50 %) M-RoPE, QKV bias. Like Bridge's own HF conversion
+(``GLM45VBridge.provider_bridge``) it has no MTP layer; ``make_provider(mtp_num_layers=1)`` also builds
+(the provider class default), thanks to :func:`build_patches`.
+
+CPU-only deviations that do not change module or parameter names: the ``allgather`` token dispatcher
+(``alltoall`` creates a CUDA stream in its ``__init__``), no grouped GEMM, no permute fusion, no shared
+expert overlap.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
 
 REAL = True
 
-#: A tiny GLM-4.5-Air-style text side: layer 0 dense, layer 1 MoE (4 experts of 32 + a shared expert),
-#: one MTP layer, partial (50 %) M-RoPE. Fused / grouped kernels that need TE or CUDA are off.
 TINY_TEXT_MOE: dict[str, Any] = {
     "num_moe_experts": 4,
     "moe_ffn_hidden_size": 32,
@@ -19,9 +31,9 @@ TINY_TEXT_MOE: dict[str, Any] = {
     "moe_grouped_gemm": False,
     "moe_permute_fusion": False,
     "moe_shared_expert_overlap": False,
-    "moe_token_dispatcher_type": "alltoall",
-    "mtp_num_layers": 1,
-    # rotary dim = kv_channels * rotary_percent = 8 -> 4 frequency pairs split over (t, h, w).
+    "moe_token_dispatcher_type": "allgather",
+    "mtp_num_layers": 0,
+    # rotary dim = kv_channels * rotary_percent = 16 * 0.5 = 8 -> 4 frequencies split over (t, h, w).
     "mrope_section": [2, 1, 1],
 }
 
@@ -47,3 +59,33 @@ def make_provider(**overrides: Any) -> Any:
 
     provider = GLM45VModelProvider(**TINY_LM, **TINY_TEXT_MOE, vision_config=vision_config())
     return finalized(provider, **overrides)
+
+
+def _mtp_spec_without_te(fn: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["use_transformer_engine"] = False
+        return fn(*bound.args, **bound.kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def build_patches() -> Iterator[None]:
+    """Let an MTP layer build without TE.
+
+    ``GPTModelProvider``'s MTP spec helper (``gpt_provider.mtp_block_spec``) imports megatron-core's
+    ``get_gpt_mtp_block_spec`` at call time and always passes ``use_transformer_engine=True``, which
+    fails without TE (``TESpecProvider`` is ``None``). Only matters when ``mtp_num_layers`` is non-zero.
+    """
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    original = gpt_layer_specs.get_gpt_mtp_block_spec
+    gpt_layer_specs.get_gpt_mtp_block_spec = _mtp_spec_without_te(original)
+    try:
+        yield
+    finally:
+        gpt_layer_specs.get_gpt_mtp_block_spec = original

@@ -1,0 +1,92 @@
+"""ERNIE-4.5-VL: real ``Ernie45VLModelProvider`` / ``Ernie45VLModel``.
+
+Default: the HF vision tower (``vision_tower``) and HF resampler (``resampler_model``) built from a tiny
+``Ernie4_5_VLMoeConfig``; ``make_provider(use_mg_vit=True)`` builds the Megatron-native ViT instead
+(``vision_model``, with ``vision_tower`` a parameter-free adapter around it).
+
+The text side is a tiny dual-pool MoE: layer 0 dense, layer 1 ``ErnieMultiTypeMoE`` with a text pool
+(4 experts of width 32) and a vision pool (4 experts of width 16), top-2, plus shared experts.
+Without TE Bridge's ERNIE decoder spec has no fused LayerNorm+linear, so the dense layer and the
+attention ``linear_qkv`` carry no ``layer_norm_weight`` (on a TE machine they do); every other name is
+the real one. The ``allgather`` token dispatcher stands in for ``alltoall`` (which creates a CUDA stream
+in its ``__init__``); this changes no parameter names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+
+#: (text pool, vision pool) expert widths and the shared-expert multiplier, as in the HF config.
+MOE_WIDTHS = (32, 16)
+NUM_SHARED_EXPERTS = 2
+
+TINY_VISION: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 4,
+    "patch_size": 4,
+    "spatial_merge_size": 2,
+    "temporal_merge_size": 2,
+}
+
+
+def hf_config() -> Any:
+    """A tiny HF ``Ernie4_5_VLMoeConfig``: the resampler reads it, the vision tower its ``vision_config``."""
+    from transformers.models.ernie4_5_vl_moe.configuration_ernie4_5_vl_moe import Ernie4_5_VLMoeConfig
+
+    text = {
+        "vocab_size": TINY_LM["vocab_size"],
+        "hidden_size": TINY_LM["hidden_size"],
+        "intermediate_size": TINY_LM["ffn_hidden_size"],
+        "num_hidden_layers": TINY_LM["num_layers"],
+        "num_attention_heads": TINY_LM["num_attention_heads"],
+        "num_key_value_heads": TINY_LM["num_query_groups"],
+        "moe_intermediate_size": list(MOE_WIDTHS),
+        "moe_num_experts": 4,
+        "moe_k": 2,
+        "moe_num_shared_experts": NUM_SHARED_EXPERTS,
+        "mlp_layer_types": ["dense", "sparse"],
+    }
+    return Ernie4_5_VLMoeConfig(text_config=text, vision_config=dict(TINY_VISION))
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.ernie_vl.ernie45_vl_provider import Ernie45VLModelProvider
+
+    config = hf_config()
+    provider = Ernie45VLModelProvider(
+        **TINY_LM,
+        hf_config=config,
+        vision_config=config.vision_config,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        add_qkv_bias=False,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        rotary_interleaved=True,
+        rotary_base=500000.0,
+        share_embeddings_and_output_weights=True,
+        # kv_channels 16 -> 8 rotary frequencies: 6 interleaved H/W + 2 temporal (freq_allocation = last).
+        mrope_section=[3, 3, 2],
+        num_moe_experts=4,
+        moe_ffn_hidden_size=MOE_WIDTHS[0],
+        moe_intermediate_size=MOE_WIDTHS,
+        moe_shared_expert_intermediate_size=MOE_WIDTHS[0] * NUM_SHARED_EXPERTS,
+        moe_router_topk=2,
+        moe_layer_freq=[0, 1],
+        moe_router_pre_softmax=False,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=0.001,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        moe_router_dtype="fp32",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_token_dispatcher_type="allgather",
+    )
+    return finalized(provider, **overrides)
