@@ -20,6 +20,7 @@ from bridge_freeze_plugin.errors import (
     UnsupportedFreezeFlagError,
 )
 from bridge_freeze_plugin.freeze import apply_selection
+from bridge_freeze_plugin.guarantee import FreezeGuaranteeError
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
 from bridge_freeze_plugin.registry import (
     REGISTRY,
@@ -31,6 +32,15 @@ from bridge_freeze_plugin.registry import (
 )
 from bridge_freeze_plugin.report import FreezeReport, PartCount
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, Part
+from bridge_freeze_plugin.validation import (
+    LoraSettings,
+    load_config,
+    read_selection,
+    validate_config,
+    validate_rl_config,
+    validate_selection,
+    validate_sft_config,
+)
 
 __version__ = "0.1.0"
 
@@ -41,9 +51,11 @@ __all__ = [
     "FamilyRegistrationError",
     "FamilySpec",
     "FreezableVLMProvider",
+    "FreezeGuaranteeError",
     "FreezeReport",
     "FreezeSelection",
     "InvalidFreezeConfigError",
+    "LoraSettings",
     "Part",
     "PartCount",
     "UnclassifiedParameterError",
@@ -55,6 +67,12 @@ __all__ = [
     "freezable_class",
     "get_family",
     "list_families",
+    "load_config",
     "make_freezable",
+    "read_selection",
     "register_family",
+    "validate_config",
+    "validate_rl_config",
+    "validate_selection",
+    "validate_sft_config",
 ]

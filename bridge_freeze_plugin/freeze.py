@@ -89,41 +89,61 @@ def apply_selection(
             f"the freeze flags."
         )
 
-    seen: set[int] = set()
-    counts: dict[Part, list[int]] = {}
     for part, param in classified:
-        bucket = Part.OTHER if part is None else part
         if part in frozen:
             param.requires_grad_(False)
         elif part in SELECTABLE_PARTS:
             param.requires_grad_(True)
-        if id(param) in seen:  # a tensor shared between modules counts once
-            continue
-        seen.add(id(param))
-        row = counts.setdefault(bucket, [0, 0, 0, 0])
-        n = param.numel()
-        row[1] += n
-        row[3] += 1
-        if param.requires_grad:
-            row[0] += n
-            row[2] += 1
 
     for chunk in chunks:
         state = getattr(chunk, STATE_ATTR, None)
         if state is None or state.selection != selection or state.family != family.name:
             object.__setattr__(chunk, STATE_ATTR, ChunkState(selection, family.name))
 
-    part_counts = {p: PartCount(p, *row) for p, row in counts.items()}
-    report = FreezeReport(
-        family=family.name,
-        provider=provider_name,
+    report = count_parts(
+        chunks,
+        family,
+        selection,
+        provider_name=provider_name,
         model_name=model_name,
-        selection=selection,
-        parts=ordered_parts(part_counts),
         overridden_defaults=overridden_defaults,
     )
     logger.debug("bridge-freeze applied to %d chunk(s):\n%s", len(chunks), report.format())
     return report
+
+
+def count_parts(
+    model: Any,
+    family: FamilySpec,
+    selection: FreezeSelection,
+    *,
+    provider_name: str = "",
+    model_name: str | None = None,
+    overridden_defaults: tuple[DefaultOverride, ...] = (),
+) -> FreezeReport:
+    """The per-part report of ``model`` as it is now (changes nothing)."""
+    seen: set[int] = set()
+    counts: dict[Part, list[int]] = {}
+    for _, name, param in iter_named_parameters(as_chunks(model)):
+        if id(param) in seen:  # a tensor shared between modules counts once
+            continue
+        seen.add(id(param))
+        part = family.classify(name)
+        row = counts.setdefault(Part.OTHER if part is None else part, [0, 0, 0, 0])
+        n = param.numel()
+        row[1] += n
+        row[3] += 1
+        if param.requires_grad:
+            row[0] += n
+            row[2] += 1
+    return FreezeReport(
+        family=family.name,
+        provider=provider_name,
+        model_name=model_name,
+        selection=selection,
+        parts=ordered_parts({p: PartCount(p, *row) for p, row in counts.items()}),
+        overridden_defaults=overridden_defaults,
+    )
 
 
 def claim_report(model: Any) -> bool:

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
-from bridge_freeze_plugin.freeze import apply_selection, claim_report
+from bridge_freeze_plugin.freeze import apply_selection, claim_report, count_parts
+from bridge_freeze_plugin.guarantee import GuardedHookChain
 from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport, log_report
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
@@ -48,6 +49,10 @@ def _is_plugin_class(cls: type) -> bool:
     return cls is FreezableVLMProvider or cls.__dict__.get("_bridge_freeze_generated", False)
 
 
+#: (class, flag) -> the default a provider class declared before activation patched it to False.
+ORIGINAL_DEFAULTS: dict[tuple[type, str], bool] = {}
+
+
 def declared_default(cls: type, flag: str) -> bool | None:
     """The default the provider class itself declares for ``flag`` (ignoring this plugin's mixin).
 
@@ -56,6 +61,8 @@ def declared_default(cls: type, flag: str) -> bool | None:
     for klass in cls.__mro__:
         if _is_plugin_class(klass):
             continue
+        if (klass, flag) in ORIGINAL_DEFAULTS:
+            return ORIGINAL_DEFAULTS[(klass, flag)]
         if flag in inspect.get_annotations(klass):
             fields = getattr(klass, "__dataclass_fields__", {})
             fld = fields.get(flag)
@@ -147,6 +154,98 @@ def _apply(provider: Any, model: Any, family: FamilySpec, selection: FreezeSelec
 
 
 # --------------------------------------------------------------------------------------------
+# Building: shared by the mixin and by the activation's in-place class patches.
+# --------------------------------------------------------------------------------------------
+
+_DEPTH = "_bridge_freeze_depth"
+_IN_DISTRIBUTED = "_bridge_freeze_in_distributed"
+
+
+def freeze_context(provider: Any) -> tuple[FamilySpec, FreezeSelection, str] | None:
+    selection = FreezeSelection.from_object(provider)
+    family = resolve_family(provider, selection)
+    return None if family is None else (family, selection, provider_label(provider))
+
+
+def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``build(*args, **kwargs)`` (a Bridge ``provide``) with the selection applied to the new chunk.
+
+    Checks the family BEFORE building; hides the flags from Bridge's own ``freeze()``; re-entrant
+    (a patched subclass calling a patched base ``provide`` applies the selection once).
+    """
+    state = provider.__dict__
+    if state.get(_DEPTH, 0):
+        return build(*args, **kwargs)
+    selection = FreezeSelection.from_object(provider)
+    family = resolve_family(provider, selection)  # fails before any model is built
+    state[_DEPTH] = 1
+    try:
+        with bridge_freeze_suspended(provider):
+            model = build(*args, **kwargs)
+    finally:
+        state[_DEPTH] = 0
+    if family is not None:
+        report = _apply(provider, model, family, selection)
+        if not state.get(_IN_DISTRIBUTED, False) and claim_report(model):
+            log_report(report)
+    return model
+
+
+def apply_hook(provider: Any) -> Callable[[ModelChunks], ModelChunks]:
+    """The provider's pre-wrap freeze hook (one object per provider, so it is registered once)."""
+    hook = provider.__dict__.get("_bridge_freeze_hook")
+    if hook is None:
+
+        def bridge_freeze_pre_wrap_hook(model: ModelChunks) -> ModelChunks:
+            ctx = freeze_context(provider)
+            if ctx is not None:
+                _apply(provider, model, ctx[0], ctx[1])
+            return model
+
+        hook = provider.__dict__["_bridge_freeze_hook"] = bridge_freeze_pre_wrap_hook
+    return hook
+
+
+def _log_final_report(provider: Any, model: ModelChunks) -> None:
+    ctx = freeze_context(provider)
+    if ctx is not None and claim_report(model):
+        log_report(
+            count_parts(
+                model, ctx[0], ctx[1], provider_name=ctx[2], model_name=model_name_of(provider),
+                overridden_defaults=overridden_defaults(provider),
+            )
+        )
+
+
+def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``build`` is Bridge's ``provide_distributed_model``; runs its pre-wrap hooks under the guarantee.
+
+    The hooks registered with ``register_pre_wrap_hook`` (or passed as ``pre_wrap_hook=``) run as
+    Bridge would run them, between the plugin's freeze (first) and the guarantee check (last), so
+    the freeze happens before Float16Module and the DDP wrap and nothing after it can silently undo it.
+    """
+    state = provider.__dict__
+    if state.get(_IN_DISTRIBUTED, False):
+        return build(*args, **kwargs)
+    resolve_family(provider)  # fails before any model is built
+    explicit = kwargs.pop("pre_wrap_hook", None)
+    if explicit is None:
+        hooks = list(getattr(provider, "_pre_wrap_hooks", None) or [])
+    else:
+        hooks = list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
+    ours = apply_hook(provider)
+    hooks = [h for h in hooks if h is not ours]
+    kwargs["pre_wrap_hook"] = GuardedHookChain(
+        ours, hooks, lambda: freeze_context(provider), after=lambda model: _log_final_report(provider, model)
+    )
+    state[_IN_DISTRIBUTED] = True
+    try:
+        return build(*args, **kwargs)
+    finally:
+        state[_IN_DISTRIBUTED] = False
+
+
+# --------------------------------------------------------------------------------------------
 # The mixin.
 # --------------------------------------------------------------------------------------------
 
@@ -159,7 +258,6 @@ class FreezableVLMProvider:
     freeze_vision_model: bool = False
     freeze_vision_projection: bool = False
 
-    # ---- configuration ------------------------------------------------------------------
     @property
     def freeze_selection(self) -> FreezeSelection:
         return FreezeSelection.from_object(self)
@@ -171,50 +269,24 @@ class FreezableVLMProvider:
         """The registry family of this provider (raises if a flag is set and there is none)."""
         return resolve_family(self)
 
-    # ---- building -----------------------------------------------------------------------
-    def provide(self, pre_process: bool | None = None, post_process: bool | None = None,
-                vp_stage: int | None = None) -> Any:
-        selection = self.freeze_selection
-        family = resolve_family(self, selection)  # fails before any model is built
-        with bridge_freeze_suspended(self):
-            model = super().provide(pre_process, post_process, vp_stage)  # type: ignore[misc]
-        if family is not None:
-            report = _apply(self, model, family, selection)
-            if not self.__dict__.get("_bridge_freeze_in_distributed", False) and claim_report(model):
-                log_report(report)
-        return model
-
-    def bridge_freeze_pre_wrap_hook(self, model: ModelChunks) -> ModelChunks:
-        """Pre-wrap hook: (re)apply the selection to every chunk, log the report once on rank 0."""
-        selection = self.freeze_selection
-        family = resolve_family(self, selection)
-        if family is not None:
-            report = _apply(self, model, family, selection)
-            if claim_report(model):
-                log_report(report)
-        return model
-
     def freeze_report(self, model: Any) -> FreezeReport | None:
-        """The report for ``model`` (chunks or one module); applies the selection if not yet applied."""
+        """The report for ``model`` (chunks or one module); applies the selection first (idempotent)."""
         family = resolve_family(self)
         return None if family is None else _apply(self, model, family, self.freeze_selection)
 
+    def bridge_freeze_pre_wrap_hook(self, model: ModelChunks) -> ModelChunks:
+        """Apply the selection to every chunk and log the report once (usable as a pre-wrap hook)."""
+        apply_hook(self)(model)
+        _log_final_report(self, model)
+        return model
+
+    def provide(
+        self, pre_process: bool | None = None, post_process: bool | None = None, vp_stage: int | None = None
+    ) -> Any:
+        return provide_frozen(self, super().provide, pre_process, post_process, vp_stage)  # type: ignore[misc]
+
     def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list[Any]:
-        resolve_family(self)  # fails before any model is built
-        hook = self.bridge_freeze_pre_wrap_hook
-        explicit = kwargs.get("pre_wrap_hook")
-        if explicit is None:
-            registered: list[Callable[..., Any]] = self.__dict__.setdefault("_pre_wrap_hooks", [])
-            if hook not in registered:
-                self.register_pre_wrap_hook(hook, prepend=True)  # type: ignore[attr-defined]
-        else:
-            rest = list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
-            kwargs["pre_wrap_hook"] = [hook, *(h for h in rest if h != hook)]
-        self.__dict__["_bridge_freeze_in_distributed"] = True
-        try:
-            return super().provide_distributed_model(*args, **kwargs)  # type: ignore[misc]
-        finally:
-            self.__dict__["_bridge_freeze_in_distributed"] = False
+        return provide_distributed_frozen(self, super().provide_distributed_model, *args, **kwargs)  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------------------------

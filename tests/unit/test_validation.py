@@ -1,0 +1,495 @@
+"""Config validation (SFT and RL layouts, and the plain API): every rule, the accepted cases, and a
+property test against a truth table written here independently of the validator."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import DictConfig
+
+from bridge_freeze_plugin import FLAGS, FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin.errors import BridgeFreezeError
+from bridge_freeze_plugin.registry import REGISTRY
+from bridge_freeze_plugin.validation import (
+    LoraSettings,
+    family_from_model_path,
+    load_config,
+    read_selection,
+    validate_config,
+    validate_rl_config,
+    validate_selection,
+    validate_sft_config,
+)
+
+PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
+ALL_THREE = dict.fromkeys(FLAGS, True)
+
+# Where each setting lives, per layout; "{...}" placeholders in expected message words use these.
+LAYOUTS: dict[str, dict[str, str]] = {
+    "api": {
+        "strategy": "strategy",
+        "lmo": "language_model_only",
+        "lora": "lora",
+        "flags": "megatron_config",
+        "rc": "recompute_granularity",
+        "tck": "recompute_granularity",
+    },
+    "sft": {
+        "strategy": "strategy",
+        "lmo": "model.language_model_only",
+        "lora": "model.lora",
+        "flags": "megatron_config",
+        "path": "model.path",
+        "rc": "megatron_config.recompute_granularity",
+        "tck": "megatron_config.transformer_config_kwargs.recompute_granularity",
+    },
+    "rl": {
+        "strategy": "trainer.strategy",
+        "lmo": "trainer.policy.language_model_only",
+        "lora": "trainer.policy.model.lora",
+        "flags": "trainer.policy.megatron_config",
+        "path": "trainer.policy.model.path",
+        "ref": "trainer.ref.megatron_config",
+        "rc": "trainer.policy.megatron_config.recompute_granularity",
+        "tck": "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity",
+    },
+}
+CONFIG_LAYOUTS = ("sft", "rl")
+
+
+class DummyVLMProvider:
+    """A provider class no family covers."""
+
+    hf_model_id = "org/dummy-vl"
+
+
+def fake_provider(family_name: str) -> Any:
+    """An instance of a class whose import path is the family's first registered provider (no Bridge needed)."""
+    module, _, qualname = REGISTRY.get(family_name).providers[0].partition(":")
+    cls = type(qualname, (), {"__module__": module, "__qualname__": qualname})
+    return cls()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    """One local checkpoint directory (just a config.json) per registered family."""
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for spec in REGISTRY:
+        d = root / spec.name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": spec.hf_model_types[0]}))
+        dirs[spec.name] = str(d)
+    return dirs
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class Run:
+    """One run's settings, turned into a config of either layout or into API arguments."""
+
+    strategy: str | None = "megatron"
+    lmo: Any = None  # None: key absent
+    rank: Any = None  # None: no lora section
+    flags: dict[str, Any] = field(default_factory=dict)
+    recompute: str | None = None
+    recompute_via: str = "rc"  # "rc": megatron_config.recompute_granularity, "tck": transformer_config_kwargs
+    family: str | None = None  # a family name (API: family=, configs: a local model.path)
+    model_path: str | None = None  # an explicit model.path (e.g. a hub id)
+    provider: Any = None
+    ref: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # other keys in the megatron_config section
+
+    def overrides(self, layout: str, model_dirs: dict[str, str]) -> list[str]:
+        k = LAYOUTS[layout]
+        out = []
+        if self.strategy is not None:
+            out.append(f"{k['strategy']}={self.strategy}")
+        if self.lmo is not None:
+            out.append(f"{k['lmo']}={_yaml(self.lmo)}")
+        if self.rank is not None:
+            out += [f"{k['lora']}.rank={_yaml(self.rank)}", f"{k['lora']}.alpha=16",
+                    f"{k['lora']}.target_modules=[all-linear]"]
+        for name, value in {**self.flags, **self.extra}.items():
+            out.append(f"{k['flags']}.{name}={_yaml(value)}")
+        if self.recompute is not None:
+            out.append(f"{k[self.recompute_via]}={self.recompute}")
+        path = model_dirs[self.family] if self.family else self.model_path
+        if path is not None:
+            out.append(f"{k['path']}={path}")
+        for name, value in self.ref.items():
+            out.append(f"{k['ref']}.{name}={_yaml(value)}")
+        return out
+
+    def validate(self, layout: str, model_dirs: dict[str, str]) -> FreezeSelection:
+        if layout == "api":
+            return validate_selection(
+                FreezeSelection(**self.flags),
+                strategy=self.strategy,
+                language_model_only=bool(self.lmo),
+                lora=None if self.rank is None else LoraSettings(self.rank, alpha=16, target_modules=["all-linear"]),
+                provider=self.provider,
+                family=self.family,
+                recompute_granularity=self.recompute,
+            )
+        cfg = load_config(None, self.overrides(layout, model_dirs))
+        return validate_config(cfg, rl=layout == "rl", provider=self.provider)
+
+
+@dataclass
+class Reject:
+    id: str
+    run: Run
+    error: type[Exception]
+    words: tuple[str, ...]
+    layouts: tuple[str, ...] = ("api", "sft", "rl")
+
+
+REJECTED = [
+    # Rule 1: non-Megatron strategy, every strategy, SFT and RL alike.
+    Reject("r1-fsdp", Run(strategy="fsdp", flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("requires strategy=megatron", "{strategy}=fsdp", "{flags}.freeze_vision_model=true",
+            "Set {strategy}=megatron")),
+    Reject("r1-fsdp2-projection-only", Run(strategy="fsdp2", flags=PROJECTION_ONLY), InvalidFreezeConfigError,
+           ("requires strategy=megatron", "{strategy}=fsdp2", "{flags}.freeze_language_model=true",
+            "{flags}.freeze_vision_model=true")),
+    Reject("r1-deepspeed", Run(strategy="deepspeed", flags={"freeze_vision_projection": True}),
+           InvalidFreezeConfigError,
+           ("requires strategy=megatron", "{strategy}=deepspeed", "{flags}.freeze_vision_projection=true")),
+    Reject("r1-strategy-unset", Run(strategy=None, flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("requires strategy=megatron", "{strategy} is not set", "{flags}.freeze_vision_model=true")),
+    # Rule 2: language_model_only.
+    Reject("r2-lmo", Run(lmo=True, flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("{lmo}=true", "{flags}.freeze_vision_model=true", "no vision encoder", "{lmo}=false")),
+    Reject("r2-lmo-lm-flag", Run(lmo=True, flags={"freeze_language_model": True}), InvalidFreezeConfigError,
+           ("{lmo}=true", "{flags}.freeze_language_model=true")),
+    # Rule 3: all three without LoRA.
+    Reject("r3-all-three", Run(flags=ALL_THREE), InvalidFreezeConfigError,
+           ("nothing would train", "{lora}.rank=0", "enable LoRA", "{flags}.freeze_vision_projection=true")),
+    Reject("r3-all-three-rank0", Run(rank=0, flags=ALL_THREE), InvalidFreezeConfigError,
+           ("nothing would train", "{lora}.rank=0")),
+    # Rule 4: LoRA with a partial selection.
+    Reject("r4-lora-one-flag", Run(rank=8, flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("LoRA plus full-rank components is not supported yet", "{lora}.rank=8", "{flags}.freeze_vision_model=true",
+            "plain LoRA", "all three")),
+    Reject("r4-lora-projection-only", Run(rank=16, flags=PROJECTION_ONLY), InvalidFreezeConfigError,
+           ("LoRA plus full-rank components is not supported yet", "{lora}.rank=16", "vision_projection")),
+    # Rule 5: a flag on a provider no family covers, naming the model.
+    Reject("r5-unsupported-provider", Run(flags={"freeze_vision_model": True}, provider=DummyVLMProvider()),
+           UnsupportedFreezeFlagError,
+           ("freeze_vision_model=True", "DummyVLMProvider", "org/dummy-vl", "Unset the flag", "register_family")),
+    # Rule 6: the reference model never trains.
+    Reject("r6-ref-flag", Run(ref={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("{ref}.freeze_vision_model=true", "reference model never trains", "{flags}"), layouts=("rl",)),
+    Reject("r6-ref-flag-with-policy-flags", Run(flags=PROJECTION_ONLY, ref={"freeze_language_model": True}),
+           InvalidFreezeConfigError, ("{ref}.freeze_language_model=true", "reference model never trains"),
+           layouts=("rl",)),
+    # Rule 7: Qwen3-VL family, a flag set, projection trains under full recompute.
+    Reject("r7-qwen3-vl", Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_model": True}),
+           InvalidFreezeConfigError,
+           ("{flags}.freeze_vision_model=true", "{rc}=full", "qwen3_vl", "DeepStack", "no gradient",
+            "{rc}=null", "{flags}.freeze_vision_projection=true")),
+    Reject("r7-qwen3-vl-moe-tck",
+           Run(family="qwen3_vl_moe", recompute="full", recompute_via="tck", flags=PROJECTION_ONLY),
+           InvalidFreezeConfigError,
+           ("{tck}=full", "qwen3_vl_moe", "no gradient", "{flags}.freeze_vision_projection=true")),
+    Reject("r7-qwen35-lm-frozen", Run(family="qwen35_vl", recompute="full", flags={"freeze_language_model": True}),
+           InvalidFreezeConfigError, ("{rc}=full", "qwen35_vl")),
+    Reject("r7-via-provider",
+           Run(provider=fake_provider("qwen3_vl"), recompute="full", flags={"freeze_vision_model": True}),
+           InvalidFreezeConfigError, ("{rc}=full", "qwen3_vl", "DeepStack")),
+    # Rule 8: real booleans only, and misspelt flags.
+    Reject("r8-int", Run(flags={"freeze_vision_model": 1}), InvalidFreezeConfigError,
+           ("{flags}.freeze_vision_model must be a boolean", "'1'", "{flags}.freeze_vision_model=true"),
+           layouts=CONFIG_LAYOUTS),
+    Reject("r8-string", Run(flags={"freeze_language_model": "yes please"}), InvalidFreezeConfigError,
+           ("{flags}.freeze_language_model must be a boolean", "yes please"), layouts=CONFIG_LAYOUTS),
+    Reject("r8-null", Run(flags={"freeze_vision_projection": None}), InvalidFreezeConfigError,
+           ("{flags}.freeze_vision_projection must be a boolean", "null"), layouts=CONFIG_LAYOUTS),
+    Reject("r8-misspelt", Run(extra={"freeze_vison_model": True}), InvalidFreezeConfigError,
+           ("{flags}.freeze_vison_model", "did you mean {flags}.freeze_vision_model"), layouts=CONFIG_LAYOUTS),
+    Reject("r8-misspelt-ref", Run(ref={"freeze_languge_model": False}), InvalidFreezeConfigError,
+           ("{ref}.freeze_languge_model", "did you mean {ref}.freeze_language_model"), layouts=("rl",)),
+    Reject("r8-ref-not-bool", Run(ref={"freeze_vision_model": "nah"}), InvalidFreezeConfigError,
+           ("{ref}.freeze_vision_model must be a boolean",), layouts=("rl",)),
+    # Neighbouring settings used by the rules must be well-formed once a flag is set.
+    Reject("bad-lora-rank-with-flag", Run(rank="eight", flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("{lora}.rank must be a non-negative integer", "eight"), layouts=CONFIG_LAYOUTS),
+    Reject("bad-lmo-with-flag", Run(lmo="maybe", flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("{lmo} must be a boolean", "maybe"), layouts=CONFIG_LAYOUTS),
+]
+
+
+def _reject_params():
+    for case in REJECTED:
+        for layout in case.layouts:
+            yield pytest.param(case, layout, id=f"{case.id}-{layout}")
+
+
+@pytest.mark.parametrize(("case", "layout"), list(_reject_params()))
+def test_rejected(case: Reject, layout: str, model_dirs):
+    with pytest.raises(case.error) as info:
+        case.run.validate(layout, model_dirs)
+    message = str(info.value)
+    assert isinstance(info.value, BridgeFreezeError)
+    for word in case.words:
+        assert word.format(**LAYOUTS[layout]) in message, (word, message)
+
+
+@dataclass
+class Accept:
+    id: str
+    run: Run
+    selection: dict[str, bool]
+    layouts: tuple[str, ...] = ("api", "sft", "rl")
+
+
+ACCEPTED = [
+    Accept("no-flag-megatron", Run(), {}),
+    Accept("no-flag-fsdp", Run(strategy="fsdp2"), {}),
+    Accept("no-flag-language-model-only", Run(lmo=True), {}),
+    Accept("explicit-false-on-fsdp", Run(strategy="fsdp", flags=dict.fromkeys(FLAGS, False)), {}),
+    Accept("projection-only", Run(flags=PROJECTION_ONLY), PROJECTION_ONLY),
+    Accept("lm-and-projection", Run(flags={"freeze_vision_model": True}), {"freeze_vision_model": True}),
+    Accept("plain-lora", Run(rank=8), {}),
+    Accept("lora-all-three", Run(rank=8, flags=ALL_THREE), ALL_THREE),
+    Accept("lmo-false-explicit", Run(lmo=False, flags=PROJECTION_ONLY), PROJECTION_ONLY),
+    Accept("qwen3-projection-frozen-under-recompute",
+           Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_projection": True}),
+           {"freeze_vision_projection": True}),
+    Accept("qwen3-lora-all-three-under-recompute", Run(family="qwen3_vl", recompute="full", rank=8, flags=ALL_THREE),
+           ALL_THREE),
+    Accept("qwen3-selective-recompute", Run(family="qwen3_vl", recompute="selective", flags=PROJECTION_ONLY),
+           PROJECTION_ONLY),
+    Accept("qwen3-supported-provider", Run(provider=fake_provider("qwen3_vl"), flags=PROJECTION_ONLY), PROJECTION_ONLY),
+    Accept("gemma-full-recompute", Run(family="gemma3_vl", recompute="full", flags=PROJECTION_ONLY), PROJECTION_ONLY),
+    Accept("hub-id-unknown-family",
+           Run(model_path="Qwen/Qwen3-VL-4B-Instruct", recompute="full", flags=PROJECTION_ONLY),
+           PROJECTION_ONLY, layouts=CONFIG_LAYOUTS),
+    Accept("unsupported-provider-no-flag", Run(provider=DummyVLMProvider()), {}),
+    Accept("other-megatron-keys", Run(extra={"tensor_model_parallel_size": 2, "freeze_moe_router": True},
+                                      flags=PROJECTION_ONLY), PROJECTION_ONLY, layouts=CONFIG_LAYOUTS),
+    Accept("ref-flags-false", Run(flags=PROJECTION_ONLY, ref=dict.fromkeys(FLAGS, False)), PROJECTION_ONLY,
+           layouts=("rl",)),
+    Accept("bad-lora-rank-no-flag", Run(rank="eight"), {}, layouts=CONFIG_LAYOUTS),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "layout"),
+    [pytest.param(c, layout, id=f"{c.id}-{layout}") for c in ACCEPTED for layout in c.layouts],
+)
+def test_accepted(case: Accept, layout: str, model_dirs):
+    assert case.run.validate(layout, model_dirs) == FreezeSelection(**case.selection)
+
+
+# ---- rule 7 without a flag: a warning, never a failure ----------------------------------------
+
+
+@contextlib.contextmanager
+def captured_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Warnings of the plugin's logger (usable inside hypothesis examples, unlike caplog)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("bridge_freeze_plugin")
+    log.addHandler(handler)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+
+
+@pytest.mark.parametrize(("layout", "via"), [("api", "rc"), ("sft", "rc"), ("sft", "tck"), ("rl", "rc"), ("rl", "tck")])
+def test_qwen3_full_recompute_without_flags_only_warns(layout, via, model_dirs):
+    run = Run(family="qwen3_vl", recompute="full", recompute_via=via)
+    with captured_warnings() as records:
+        assert run.validate(layout, model_dirs) == FreezeSelection()
+    assert len(records) == 1
+    message = records[0].getMessage()
+    for word in ("{" + via + "}=full", "qwen3_vl", "DeepStack", "no gradient", "freeze_vision_projection=true"):
+        assert word.format(**LAYOUTS[layout]) in message, (word, message)
+
+
+@pytest.mark.parametrize("run", [
+    Run(family="qwen3_vl"),
+    Run(family="qwen3_vl", recompute="selective"),
+    Run(family="gemma3_vl", recompute="full"),
+    Run(family="qwen3_vl", recompute="full", strategy="fsdp2"),
+    Run(family="qwen3_vl", recompute="full", lmo=True),
+    Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_projection": True}),
+], ids=["off", "selective", "other-family", "fsdp", "lmo", "projection-frozen"])
+def test_no_warning_when_the_projection_is_not_affected(run, model_dirs):
+    for layout in ("api", "sft", "rl"):
+        with captured_warnings() as records:
+            run.validate(layout, model_dirs)
+        assert records == [], layout
+
+
+# ---- several problems at once, loading, family lookup -------------------------------------------
+
+
+def test_all_problems_reported_together():
+    cfg = load_config(None, [
+        "trainer.strategy=fsdp2",
+        "trainer.policy.language_model_only=true",
+        *(f"trainer.policy.megatron_config.{f}=true" for f in FLAGS),
+        "trainer.ref.megatron_config.freeze_vision_model=true",
+    ])
+    with pytest.raises(InvalidFreezeConfigError) as info:
+        validate_rl_config(cfg)
+    message = str(info.value)
+    assert message.startswith("4 problems")
+    for word in ("requires strategy=megatron", "language_model_only=true", "nothing would train",
+                 "reference model never trains"):
+        assert word in message
+
+
+def test_load_config_merges_dotted_overrides_over_yaml(tmp_path):
+    path = tmp_path / "sft.yaml"
+    path.write_text(
+        "strategy: fsdp2\n"
+        "model:\n  path: Qwen/Qwen3-VL-4B-Instruct\n  lora: {rank: 0, alpha: 16}\n"
+        "megatron_config:\n  freeze_vision_model: false\n  tensor_model_parallel_size: 1\n"
+    )
+    cfg = load_config(path, ["strategy=megatron", "megatron_config.freeze_language_model=true",
+                             "megatron_config.freeze_vision_model=true"])
+    assert isinstance(cfg, DictConfig)
+    assert cfg.megatron_config.tensor_model_parallel_size == 1
+    assert validate_sft_config(cfg) == FreezeSelection(**PROJECTION_ONLY)
+    with pytest.raises(InvalidFreezeConfigError, match="strategy=fsdp2"):
+        validate_sft_config(load_config(path, ["megatron_config.freeze_vision_model=true"]))
+
+
+def test_plain_mappings_and_interpolations_are_accepted():
+    assert validate_sft_config({"strategy": "megatron", "megatron_config": {"freeze_vision_model": True}}) == \
+        FreezeSelection(freeze_vision_model=True)
+    cfg = load_config(None, ["trainer.strategy=megatron", "flag=true",
+                             "trainer.policy.megatron_config.freeze_vision_model=${flag}"])
+    assert validate_rl_config(cfg) == FreezeSelection(freeze_vision_model=True)
+
+
+def test_family_from_model_path(tmp_path, model_dirs):
+    assert family_from_model_path(model_dirs["qwen3_vl"]).name == "qwen3_vl"
+    assert family_from_model_path(f"{model_dirs['gemma3_vl']}/config.json").name == "gemma3_vl"
+    assert family_from_model_path("Qwen/Qwen3-VL-4B-Instruct") is None
+    assert family_from_model_path(None) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert family_from_model_path(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert family_from_model_path(tmp_path) is None
+
+
+def test_explicit_family_wins_over_model_path(model_dirs):
+    cfg = load_config(None, ["strategy=megatron", f"model.path={model_dirs['gemma3_vl']}",
+                             "megatron_config.recompute_granularity=full", "megatron_config.freeze_vision_model=true"])
+    assert validate_sft_config(cfg) == FreezeSelection(freeze_vision_model=True)
+    with pytest.raises(InvalidFreezeConfigError, match="qwen3_vl_moe"):
+        validate_sft_config(cfg, family="Qwen3VLMoEModelProvider")  # a provider class name works too
+
+
+def test_read_selection_and_lora_settings():
+    assert read_selection(None) == FreezeSelection()
+    assert read_selection({"freeze_vision_model": True, "seed": 1}) == FreezeSelection(freeze_vision_model=True)
+    with pytest.raises(InvalidFreezeConfigError, match=r"did you mean my\.freeze_vision_projection"):
+        read_selection({"freeze_vision_proj": True}, where="my")
+    assert LoraSettings(rank=4).enabled and not LoraSettings().enabled
+    assert LoraSettings(rank=4, target_modules=["a", "b"]).target_modules == ("a", "b")
+    for bad in (-1, True, "8"):
+        with pytest.raises(InvalidFreezeConfigError, match="non-negative integer"):
+            LoraSettings(rank=bad)
+
+
+# ---- property test: the verdict equals an independent truth table ------------------------------
+
+STRATEGIES = ("megatron", "fsdp", "fsdp2", "deepspeed")
+SELECTIONS = tuple(FreezeSelection.all_selections())
+RECOMPUTE = (None, "selective", "full")
+# "unsupported" is a provider no family covers; "provider:X" a provider of family X; else a family name.
+FAMILIES = ("unknown", "unsupported", "qwen3_vl", "qwen3_vl_moe", "qwen35_vl", "gemma3_vl", "glm45v",
+            "provider:qwen3_vl", "provider:nemotron_vl")
+# Written here, not read from the registry: the Qwen3-VL-style families with DeepStack mergers.
+LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE = {"qwen3_vl", "qwen3_vl_moe", "qwen35_vl"}
+
+
+def truth(strategy: str, lmo: bool, lora: bool, sel: FreezeSelection, recompute: str | None, family: str) -> str:
+    """"ok", "warn", "invalid" (InvalidFreezeConfigError) or "unsupported" (UnsupportedFreezeFlagError)."""
+    flags = [sel.freeze_language_model, sel.freeze_vision_model, sel.freeze_vision_projection]
+    n_set = sum(flags)
+    if n_set == 0:
+        # Nothing is asked: the plugin never fails; only a warning on an affected Megatron VLM run.
+        base = family.removeprefix("provider:")
+        affected = base in LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE
+        return "warn" if affected and recompute == "full" and strategy == "megatron" and not lmo else "ok"
+    config_errors = [
+        strategy != "megatron",          # rule 1
+        lmo,                             # rule 2
+        n_set == 3 and not lora,         # rule 3
+        lora and n_set in (1, 2),        # rule 4
+    ]
+    if any(config_errors):
+        return "invalid"
+    if family == "unsupported":           # rule 5
+        return "unsupported"
+    projection_trains = not sel.freeze_vision_projection
+    if family.removeprefix("provider:") in LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE and recompute == "full" \
+            and projection_trains:        # rule 7
+        return "invalid"
+    return "ok"
+
+
+def verdict(layout: str, strategy, lmo, lora, sel, recompute, family, model_dirs) -> str:
+    provider = None
+    fam = None
+    if family == "unsupported":
+        provider = DummyVLMProvider()
+    elif family.startswith("provider:"):
+        provider = fake_provider(family.removeprefix("provider:"))
+    elif family != "unknown":
+        fam = family
+    run = Run(strategy=strategy, lmo=lmo, rank=8 if lora else 0, flags=sel.as_dict(), recompute=recompute,
+              family=fam, provider=provider)
+    with captured_warnings() as records:
+        try:
+            run.validate(layout, model_dirs)
+        except UnsupportedFreezeFlagError:
+            return "unsupported"
+        except InvalidFreezeConfigError:
+            return "invalid"
+    return "warn" if records else "ok"
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layout=st.sampled_from(("api", "sft", "rl")),
+    strategy=st.sampled_from(STRATEGIES),
+    lmo=st.booleans(),
+    lora=st.booleans(),
+    sel=st.sampled_from(SELECTIONS),
+    recompute=st.sampled_from(RECOMPUTE),
+    family=st.sampled_from(FAMILIES),
+)
+def test_verdict_matches_truth_table(layout, strategy, lmo, lora, sel, recompute, family, model_dirs):
+    assert verdict(layout, strategy, lmo, lora, sel, recompute, family, model_dirs) == \
+        truth(strategy, lmo, lora, sel, recompute, family)
+
+
+def test_verdict_matches_truth_table_exhaustively_for_the_api(model_dirs):
+    for combo in itertools.product(STRATEGIES, (False, True), (False, True), SELECTIONS, RECOMPUTE, FAMILIES):
+        assert verdict("api", *combo, model_dirs) == truth(*combo), combo
