@@ -10,6 +10,9 @@ The flow, module by module: :mod:`~bridge_freeze_plugin.selection` (what is aske
 (pre-wrap freeze) -> :mod:`~bridge_freeze_plugin.report` (per-part report).
 """
 
+import importlib
+from typing import Any
+
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
 from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
@@ -32,15 +35,28 @@ from bridge_freeze_plugin.registry import (
 )
 from bridge_freeze_plugin.report import FreezeReport, PartCount
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, Part
-from bridge_freeze_plugin.validation import (
-    LoraSettings,
-    load_config,
-    read_selection,
-    validate_config,
-    validate_rl_config,
-    validate_selection,
-    validate_sft_config,
-)
+
+# Config validation needs OmegaConf: loaded on first use, so importing the plugin stays light.
+_LAZY = {
+    name: "bridge_freeze_plugin.validation"
+    for name in (
+        "LoraSettings",
+        "load_config",
+        "read_selection",
+        "validate_config",
+        "validate_rl_config",
+        "validate_selection",
+        "validate_sft_config",
+    )
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bridge_freeze_plugin' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __version__ = "0.1.0"
 
