@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
+from bridge_freeze_plugin.activation import activate, deactivate, is_active
 from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
     FamilyRegistrationError,
@@ -78,10 +79,13 @@ __all__ = [
     "UnknownFamilyError",
     "UnsupportedFreezeFlagError",
     "__version__",
+    "activate",
     "apply_selection",
+    "deactivate",
     "family_for_provider",
     "freezable_class",
     "get_family",
+    "is_active",
     "list_families",
     "load_config",
     "make_freezable",
@@ -92,3 +96,8 @@ __all__ = [
     "validate_selection",
     "validate_sft_config",
 ]
+
+
+# Importing the plugin is all a user does: from here on, every registered family's Bridge provider
+# honours the flags (providers are patched when their modules are imported; nothing heavy now).
+activate()

@@ -189,6 +189,9 @@ class FamilyRegistry:
                 f"no VLM family named {name!r} is registered; registered families: {', '.join(self.names())}"
             ) from None
 
+    def get_or_none(self, name: str) -> FamilySpec | None:
+        return self._families.get(name)
+
     def names(self) -> list[str]:
         return sorted(self._families)
 
@@ -288,3 +291,56 @@ def _ensure_builtins() -> None:
     # Importing the package registers the built-in tables; this keeps direct
     # ``bridge_freeze_plugin.registry`` users correct too.
     importlib.import_module("bridge_freeze_plugin.families")
+    load_entry_point_families()
+
+
+#: Entry-point group through which other installed packages register VLM families.
+ENTRY_POINT_GROUP = "bridge_freeze_plugin.families"
+_ENTRY_POINTS_LOADED = False
+
+
+def _specs_from(obj: Any) -> list[FamilySpec]:
+    if callable(obj) and not isinstance(obj, FamilySpec):
+        obj = obj()
+    if obj is None:
+        return []  # the callable registered its families itself
+    if isinstance(obj, FamilySpec):
+        return [obj]
+    specs = list(obj)
+    if not all(isinstance(s, FamilySpec) for s in specs):
+        raise TypeError("an entry point must give a FamilySpec, a list of them, or a callable returning either")
+    return specs
+
+
+def load_entry_point_families(*, force: bool = False) -> list[FamilySpec]:
+    """Register the families other distributions declare in the ``bridge_freeze_plugin.families`` group.
+
+    Runs once per process (``force`` re-scans). A broken entry point gives a warning naming its
+    distribution and is skipped: it never takes down the run.
+    """
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED and not force:
+        return []
+    _ENTRY_POINTS_LOADED = True
+    import warnings
+    from dataclasses import replace
+    from importlib.metadata import entry_points
+
+    registered = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
+        try:
+            for spec in _specs_from(ep.load()):
+                if spec.source == "builtin":
+                    spec = replace(spec, source=dist)
+                if REGISTRY.get_or_none(spec.name) == spec:
+                    continue
+                registered.append(REGISTRY.register(spec))
+        except Exception as exc:  # noqa: BLE001 - a third-party bug must not take the run down
+            warnings.warn(
+                f"bridge-freeze-plugin: the family entry point {ep.name!r} of distribution {dist!r} "
+                f"({ep.value}) failed and was skipped: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return registered

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${BRIDGE_FREEZE_VENV:-.venv}"
-REQS=(requirements/base.txt requirements/megatron.txt requirements/dev.txt pyproject.toml)
+REQS=(requirements/base.txt requirements/megatron.txt requirements/dev.txt pyproject.toml setup.py bridge_freeze_plugin.pth)
 want="$(cat "${REQS[@]}" scripts/bootstrap.sh | sha256sum | cut -c1-16)"
 stamp="$VENV/.bridge-freeze-stamp"
 
@@ -44,5 +44,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # import for building and training models is in base.txt. See README, "Set-up".
 "${PIP[@]}" install --no-deps -r requirements/megatron.txt
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
+# A wheel install puts bridge_freeze_plugin.pth (the autoload line) into site-packages; an editable
+# install does not ship it, so put it there as the wheel would.
+cp bridge_freeze_plugin.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 echo "$want" > "$stamp"
 echo "bootstrap: $VENV ready" >&2

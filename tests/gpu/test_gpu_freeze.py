@@ -17,7 +17,7 @@ def test_projection_only_qwen3_vl_through_ddp_on_cuda():
     from megatron.core.distributed import DistributedDataParallelConfig
 
     from bridge_freeze_plugin import FreezeSelection, make_freezable
-    from bridge_freeze_plugin.testing.tiny import make_provider
+    from bridge_freeze_testing.tiny import make_provider
 
     provider = make_freezable(
         make_provider("qwen3_vl"), FreezeSelection(freeze_language_model=True, freeze_vision_model=True)

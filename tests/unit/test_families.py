@@ -12,7 +12,7 @@ import re
 import pytest
 
 from bridge_freeze_plugin import FreezeSelection, make_freezable
-from bridge_freeze_plugin.testing.tiny import TINY_FAMILIES, build_tiny_chunks, is_real, make_provider
+from bridge_freeze_testing.tiny import TINY_FAMILIES, build_tiny_chunks, is_real, make_provider
 
 # family -> (language model, vision encoder, vision projection, untouched other) as regexes over names.
 # The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
@@ -95,7 +95,7 @@ def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bri
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_family_builds_through_provide_and_provide_distributed_model(cpu_bridge, family):
-    from bridge_freeze_plugin.testing.tiny import build_tiny_model, family_module
+    from bridge_freeze_testing.tiny import build_tiny_model, family_module
 
     model = build_tiny_model(family)
     chunks = build_tiny_chunks(family)

@@ -19,7 +19,8 @@ from bridge_freeze_plugin import (
     get_family,
     make_freezable,
 )
-from bridge_freeze_plugin.testing.tiny import build_tiny_chunks, build_tiny_model, make_provider
+from bridge_freeze_plugin.mixins import declared_default
+from bridge_freeze_testing.tiny import build_tiny_chunks, build_tiny_model, make_provider
 
 PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
 
@@ -50,10 +51,12 @@ def test_projection_only_on_qwen3_vl_leaves_exactly_the_mergers(cpu_bridge):
 def test_moe_default_trains_everything_and_logs_the_overridden_defaults(cpu_bridge, caplog):
     from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
 
-    # Bridge's own default: LM and vision encoder frozen.
+    # Bridge's own default: LM and vision encoder frozen (as Bridge declares it; the plugin, active
+    # since it was imported, has made False the class default and remembers the original).
+    assert declared_default(Qwen3VLMoEModelProvider, "freeze_language_model") is True
+    assert declared_default(Qwen3VLMoEModelProvider, "freeze_vision_model") is True
     stock = make_provider("qwen3_vl_moe")
-    assert isinstance(stock, Qwen3VLMoEModelProvider)
-    assert (stock.freeze_language_model, stock.freeze_vision_model) == (True, True)
+    stock.freeze_language_model = stock.freeze_vision_model = True  # as Bridge would have built it
 
     provider = make_freezable(stock)  # the config is all-false: it must win
     with caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):

@@ -35,7 +35,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_testing.tiny._common import TINY_LM, finalized
 
 REAL = True
 TINY_IMAGE = {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
@@ -114,7 +114,7 @@ def build_patches() -> Iterator[None]:
     from megatron.core.ssm.gated_delta_net import common as gdn_common
     from megatron.core.ssm.gated_delta_net import gdn
 
-    from bridge_freeze_plugin.testing.local_specs import _filtered
+    from bridge_freeze_testing.local_specs import _filtered
 
     patches: list[tuple[Any, str, Any]] = [
         (hybrid_specs, "_get_backend_spec_provider", _local_backend),

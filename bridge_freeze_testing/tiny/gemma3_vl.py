@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_testing.tiny._common import TINY_LM, finalized
 
 REAL = True
 

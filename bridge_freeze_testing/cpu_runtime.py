@@ -16,7 +16,7 @@ import socket
 from collections.abc import Iterator
 from types import ModuleType
 
-from bridge_freeze_plugin.testing import _te_stub
+from bridge_freeze_testing import _te_stub
 
 
 def free_port() -> int:

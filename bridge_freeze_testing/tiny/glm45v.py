@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bridge_freeze_plugin.testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_testing.tiny._common import TINY_LM, finalized
 
 REAL = True
 
