@@ -80,6 +80,8 @@ def violations(model: Any, family: FamilySpec, selection: FreezeSelection, base:
         else:
             why = "is frozen, but its part was selected to train"
         found.append(Violation(name, bool(param.requires_grad), why))
+    # What the selection asked to train but is frozen comes first: that is what users lose.
+    found.sort(key=lambda v: v.requires_grad)
     return found
 
 

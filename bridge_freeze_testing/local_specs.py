@@ -68,6 +68,12 @@ def cpu_build_patches() -> Iterator[None]:
             if name in namespace:
                 undo.append((module, name, namespace[name]))
                 setattr(module, name, replacement)
+    # megatron.bridge.peft.utils decides "TE is here" from megatron-core's TE extension module, which
+    # imports without TE (its classes are placeholders); LoRA then isinstance-checks against them.
+    peft_utils = sys.modules.get("megatron.bridge.peft.utils")
+    if peft_utils is not None and getattr(peft_utils, "HAVE_TE", False):
+        undo.append((peft_utils, "HAVE_TE", True))
+        peft_utils.HAVE_TE = False
     # A provider with a non-"auto" attention backend writes NVTE_* variables that megatron-core then
     # asserts on in every later build of the process: each build starts from none of them.
     nvte = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")

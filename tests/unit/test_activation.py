@@ -1,0 +1,265 @@
+"""Activation: importing the plugin, or merely having it installed, makes every registered family's
+Bridge provider honour the flags, however the provider was made; an opt-out variable; idempotence;
+and the build-time guarantee against later pre-wrap hooks (Bridge's real LoRA among them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bridge_freeze_plugin as bfp
+from bridge_freeze_plugin import FreezeGuaranteeError, FreezeSelection, make_freezable
+from bridge_freeze_testing.tiny import build_tiny_chunks, make_provider
+
+QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
+ADAPTER = re.compile(r"\.adapter\.linear_(in|out)\.weight$")
+
+# A fresh interpreter that never imports the plugin itself: the TE stub and the tiny builders come
+# from bridge_freeze_testing, which does not import bridge_freeze_plugin.
+FRESH = textwrap.dedent(
+    """
+    import json, sys
+    from bridge_freeze_testing.cpu_runtime import import_bridge
+    import_bridge()                       # = import megatron.bridge (with the CPU TE stub)
+    loaded = "bridge_freeze_plugin" in sys.modules
+    from bridge_freeze_testing.tiny import build_tiny_chunks
+    (chunk,) = build_tiny_chunks("qwen3_vl_moe")
+    params = dict(chunk.named_parameters())
+    print(json.dumps({"loaded": loaded, "trainable": sorted(n for n, p in params.items() if p.requires_grad),
+                      "all": sorted(params)}))
+    """
+)
+
+
+def run_fresh(env_extra: dict[str, str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "BRIDGE_FREEZE_DISABLE_AUTOLOAD"}
+    env.update({"HF_HUB_OFFLINE": "1", **env_extra})
+    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_installed_plugin_activates_in_a_process_that_only_imports_megatron_bridge():
+    result = run_fresh({})
+    assert result["loaded"] is True
+    assert result["trainable"] == result["all"]  # the MoE provider's freeze-by-default no longer leaks
+
+
+def test_opt_out_variable_leaves_bridge_alone():
+    result = run_fresh({"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1"})
+    assert result["loaded"] is False
+    # Bridge's own default: only the projection trains.
+    assert result["trainable"] == sorted(n for n in result["all"] if QWEN3_PROJECTION.match(n))
+
+
+def test_bare_interpreter_start_imports_nothing_heavy():
+    names = "('_bridge_freeze_autoload', 'bridge_freeze_plugin', 'torch')"
+    code = f"import sys; print(sorted(m for m in {names} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['_bridge_freeze_autoload']"
+
+
+def test_wheel_ships_the_autoload_line(tmp_path):
+    """What a user installs: the wheel puts the .pth and its start-up module at the top of site-packages."""
+    import zipfile
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+         "--disable-pip-version-check", root],
+        check=True, capture_output=True, timeout=240, cwd=tmp_path,
+    )
+    (wheel,) = tmp_path.glob("bridge_freeze_plugin-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"bridge_freeze_plugin.pth", "_bridge_freeze_autoload.py", "bridge_freeze_plugin/py.typed"} <= names
+    pth = zipfile.ZipFile(wheel).read("bridge_freeze_plugin.pth").decode()
+    assert pth.startswith("import ") and "_bridge_freeze_autoload" in pth and pth.count("\n") == 1
+
+
+def test_directly_constructed_provider_uses_the_plugin_defaults(cpu_bridge, caplog):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
+
+    assert bfp.is_active()
+    assert Qwen3VLMoEModelProvider in bfp.activation.patched_classes()
+    provider = make_provider("qwen3_vl_moe")  # plain construction, no make_freezable
+    assert (provider.freeze_language_model, provider.freeze_vision_model) == (False, False)
+    with caplog.at_level("INFO", logger="bridge_freeze_plugin"):
+        (chunk,) = build_tiny_chunks("qwen3_vl_moe", provider=provider)
+    assert all(p.requires_grad for p in chunk.parameters())
+    (block,) = [r.getMessage() for r in caplog.records if r.name == "bridge_freeze_plugin"]
+    assert "freeze_language_model=True replaced by False, freeze_vision_model=True replaced by False" in block
+
+
+def test_user_subclass_defined_after_activation(cpu_bridge):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
+
+    @dataclasses.dataclass
+    class MyMoE(Qwen3VLMoEModelProvider):
+        pass
+
+    assert MyMoE.__dataclass_fields__["freeze_language_model"].default is False
+    base = make_provider("qwen3_vl_moe")
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    fields.pop("freeze_vision_model")
+    provider = MyMoE(**fields)
+    provider.freeze_vision_model = True
+    (chunk,) = build_tiny_chunks("qwen3_vl_moe", provider=provider)
+    names = {n for n, _ in chunk.named_parameters()}
+    vision_encoder = {n for n in names if n.startswith("vision_model.") and not QWEN3_PROJECTION.match(n)}
+    assert {n for n, p in chunk.named_parameters() if p.requires_grad} == names - vision_encoder
+
+
+def test_autobridge_made_provider_honours_the_flags(cpu_bridge):
+    from megatron.bridge import AutoBridge
+    from transformers import Qwen3VLMoeConfig
+
+    hf = Qwen3VLMoeConfig(architectures=["Qwen3VLMoeForConditionalGeneration"])
+    provider = AutoBridge.from_hf_config(hf).to_megatron_provider(load_weights=False)
+    # Bridge's default for this class is True/True; activation made the config (all false) win.
+    assert (provider.freeze_language_model, provider.freeze_vision_model) == (False, False)
+    assert bfp.family_for_provider(provider).name == "qwen3_vl_moe"
+    provider.freeze_vision_model = "yes"  # not a bool: refused before anything is built
+    with pytest.raises(TypeError, match="freeze_vision_model must be a bool"):
+        provider.provide()
+
+
+def test_activate_is_idempotent_and_deactivate_restores(cpu_bridge):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider as MoE
+
+    wrapped = MoE.provide
+    bfp.activate()
+    bfp.activate()
+    assert MoE.provide is wrapped
+    assert not hasattr(wrapped.__bridge_freeze_wrapped__, "__bridge_freeze_wrapped__")  # wrapped once
+    try:
+        bfp.deactivate()
+        assert MoE.__dataclass_fields__["freeze_language_model"].default is True
+        assert getattr(MoE.provide, "__bridge_freeze_wrapped__", None) is None
+    finally:
+        bfp.activate()
+    assert MoE.__dataclass_fields__["freeze_language_model"].default is False
+    assert getattr(MoE.provide, "__bridge_freeze_wrapped__", None) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# The build-time guarantee, with Bridge's real LoRA as a pre-wrap hook.
+# ---------------------------------------------------------------------------------------------
+
+
+def _lora():
+    from megatron.bridge.peft.lora import LoRA
+
+    return LoRA(target_modules=["linear_qkv"], dim=4, alpha=8)
+
+
+def test_lora_with_all_three_flags_trains_only_adapters(cpu_bridge):
+    provider = make_freezable(make_provider("qwen3_vl"), FreezeSelection(True, True, True))
+    provider.register_pre_wrap_hook(_lora())
+    (chunk,) = build_tiny_chunks("qwen3_vl", provider=provider)
+    trainable = {n for n, p in chunk.named_parameters() if p.requires_grad}
+    assert trainable and trainable == {n for n, _ in chunk.named_parameters() if ADAPTER.search(n)}
+
+
+def test_lora_with_a_partial_selection_never_reaches_training(cpu_bridge):
+    provider = make_freezable(make_provider("qwen3_vl"), FreezeSelection(True, True, False))
+    provider.register_pre_wrap_hook(_lora())
+    with pytest.raises(FreezeGuaranteeError) as err:
+        build_tiny_chunks("qwen3_vl", provider=provider)
+    message = str(err.value)
+    assert "megatron.bridge.peft.lora.LoRA" in message  # the hook that caused it
+    assert "deepstack_merger_list.0.linear_fc1.weight (is frozen, but its part was selected to train)" in message
+    assert "LoRA is only supported with no freeze flag or with all three set" in message
+
+
+def test_plain_lora_without_flags_is_left_to_lora(cpu_bridge):
+    provider = make_freezable(make_provider("qwen3_vl"))
+    provider.register_pre_wrap_hook(_lora())
+    (chunk,) = build_tiny_chunks("qwen3_vl", provider=provider)
+    trainable = {n for n, p in chunk.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in chunk.named_parameters() if ADAPTER.search(n)}
+
+
+def test_a_hook_that_unfreezes_is_named(cpu_bridge):
+    def sneaky_unfreeze(model):
+        for chunk in model:
+            for p in chunk.language_model.parameters():
+                p.requires_grad_(True)
+        return model
+
+    provider = make_freezable(make_provider("qwen3_vl"), FreezeSelection(freeze_language_model=True))
+    provider.register_pre_wrap_hook(sneaky_unfreeze)
+    with pytest.raises(FreezeGuaranteeError, match=r"after pre-wrap hook .*sneaky_unfreeze"):
+        build_tiny_chunks("qwen3_vl", provider=provider)
+
+
+# ---------------------------------------------------------------------------------------------
+# Third-party families through entry points, with real installed distributions.
+# ---------------------------------------------------------------------------------------------
+
+
+def _make_project(root, name, module_body, ep_value):
+    project = root / name
+    pkg = project / name.replace("-", "_")
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(module_body))
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools"]
+            build-backend = "setuptools.build_meta"
+            [project]
+            name = "{name}"
+            version = "1.0"
+            [project.entry-points."bridge_freeze_plugin.families"]
+            fam = "{ep_value}"
+            """
+        )
+    )
+    return project
+
+
+def test_entry_point_families_from_installed_distributions(tmp_path):
+    good = _make_project(
+        tmp_path,
+        "acme-vlm",
+        """
+        from bridge_freeze_plugin import FamilySpec
+        FAMILY = FamilySpec(
+            name="acme_vlm", providers=("acme_vlm.provider:AcmeVLMProvider",),
+            language_model=("lm",), vision_model=("vit",), vision_projection=("vit.proj",),
+        )
+        """,
+        "acme_vlm:FAMILY",
+    )
+    broken = _make_project(tmp_path, "broken-vlm", "raise RuntimeError('boom')\n", "broken_vlm:FAMILY")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+         "--disable-pip-version-check", "--target", str(site), str(good), str(broken)],
+        check=True, capture_output=True, timeout=240, cwd=tmp_path,
+    )
+    code = textwrap.dedent(
+        """
+        import json, warnings
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught:
+            import bridge_freeze_plugin as b
+            fams = {f.name: f.source for f in b.list_families()}
+        print(json.dumps({"fams": fams, "warnings": [str(w.message) for w in caught]}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["fams"]["acme_vlm"] == "acme-vlm"
+    assert "qwen3_vl" in result["fams"]  # the run goes on
+    assert any("broken-vlm" in w and "boom" in w for w in result["warnings"])
