@@ -15,6 +15,7 @@ from typing import Any
 
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
 from bridge_freeze_plugin.activation import activate, deactivate, is_active
+from bridge_freeze_plugin.distributed import PeerRankFreezeError, last_report
 from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
     FamilyRegistrationError,
@@ -75,6 +76,7 @@ __all__ = [
     "LoraSettings",
     "Part",
     "PartCount",
+    "PeerRankFreezeError",
     "UnclassifiedParameterError",
     "UnknownFamilyError",
     "UnsupportedFreezeFlagError",
@@ -86,6 +88,7 @@ __all__ = [
     "freezable_class",
     "get_family",
     "is_active",
+    "last_report",
     "list_families",
     "load_config",
     "make_freezable",

@@ -30,6 +30,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bridge_freeze_plugin.distributed import collective_hook, errors_agreed, model_wide_report, store_report
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
 from bridge_freeze_plugin.freeze import apply_selection, claim_report, count_parts
 from bridge_freeze_plugin.guarantee import GuardedHookChain
@@ -178,43 +179,56 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
         return build(*args, **kwargs)
     selection = FreezeSelection.from_object(provider)
     family = resolve_family(provider, selection)  # fails before any model is built
+    distributed = state.get(_IN_DISTRIBUTED, False)  # then an error here must stop every rank
     state[_DEPTH] = 1
     try:
-        with bridge_freeze_suspended(provider):
+        with bridge_freeze_suspended(provider), errors_agreed(distributed):
             model = build(*args, **kwargs)
     finally:
         state[_DEPTH] = 0
     if family is not None:
-        report = _apply(provider, model, family, selection)
-        if not state.get(_IN_DISTRIBUTED, False) and claim_report(model):
+        with errors_agreed(distributed):
+            report = _apply(provider, model, family, selection)
+        if not distributed and claim_report(model):
             log_report(report)
     return model
 
 
-def apply_hook(provider: Any) -> Callable[[ModelChunks], ModelChunks]:
-    """The provider's pre-wrap freeze hook (one object per provider, so it is registered once)."""
+class ApplySelectionHook:
+    """The provider's pre-wrap freeze hook. An object, not a closure, so that a deep-copied or pickled
+    provider gets a hook bound to itself rather than to the original."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+
+    def __call__(self, model: ModelChunks) -> ModelChunks:
+        ctx = freeze_context(self.provider)
+        if ctx is not None:
+            _apply(self.provider, model, ctx[0], ctx[1])
+        return model
+
+    def __repr__(self) -> str:
+        return f"<bridge-freeze pre-wrap hook of {provider_label(self.provider)}>"
+
+
+def apply_hook(provider: Any) -> ApplySelectionHook:
+    """The provider's pre-wrap freeze hook (one per provider)."""
     hook = provider.__dict__.get("_bridge_freeze_hook")
-    if hook is None:
-
-        def bridge_freeze_pre_wrap_hook(model: ModelChunks) -> ModelChunks:
-            ctx = freeze_context(provider)
-            if ctx is not None:
-                _apply(provider, model, ctx[0], ctx[1])
-            return model
-
-        hook = provider.__dict__["_bridge_freeze_hook"] = bridge_freeze_pre_wrap_hook
+    if not isinstance(hook, ApplySelectionHook) or hook.provider is not provider:
+        hook = provider.__dict__["_bridge_freeze_hook"] = ApplySelectionHook(provider)
     return hook
 
 
 def _log_final_report(provider: Any, model: ModelChunks) -> None:
     ctx = freeze_context(provider)
     if ctx is not None and claim_report(model):
-        log_report(
-            count_parts(
-                model, ctx[0], ctx[1], provider_name=ctx[2], model_name=model_name_of(provider),
-                overridden_defaults=overridden_defaults(provider),
-            )
+        local = count_parts(
+            model, ctx[0], ctx[1], provider_name=ctx[2], model_name=model_name_of(provider),
+            overridden_defaults=overridden_defaults(provider),
         )
+        report = model_wide_report(model, local, ctx[0])  # collective: summed over TP/PP, not DP
+        store_report(provider, report)
+        log_report(report)
 
 
 def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -235,8 +249,9 @@ def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: 
         hooks = list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
     ours = apply_hook(provider)
     hooks = [h for h in hooks if h is not ours]
-    kwargs["pre_wrap_hook"] = GuardedHookChain(
-        ours, hooks, lambda: freeze_context(provider), after=lambda model: _log_final_report(provider, model)
+    kwargs["pre_wrap_hook"] = collective_hook(  # an error on any rank raises on every rank
+        GuardedHookChain(ours, hooks, lambda: freeze_context(provider)),
+        after=lambda model: _log_final_report(provider, model),
     )
     state[_IN_DISTRIBUTED] = True
     try:
