@@ -13,26 +13,26 @@ The post-import machinery here is generic and also used by the plugin for provid
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
-import warnings
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+
+# This module runs at every interpreter start-up where the plugin is installed: it imports nothing
+# beyond os and sys (already loaded). Annotations are strings; the names below are for type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import importlib.machinery
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
 
 ENV_DISABLE = "BRIDGE_FREEZE_DISABLE_AUTOLOAD"
 TRIGGER = "megatron.bridge"
-
-Callback = Callable[[ModuleType], None]
-
 
 def autoload_disabled() -> bool:
     return os.environ.get(ENV_DISABLE, "").strip().lower() not in ("", "0", "false", "no")
 
 
-class _RunAfterExec(importlib.abc.Loader):
+class _RunAfterExec:
     """Delegates to the real loader, then runs the module's post-import callbacks."""
 
     def __init__(self, wrapped: Any, finder: PostImportFinder) -> None:
@@ -50,14 +50,14 @@ class _RunAfterExec(importlib.abc.Loader):
         return getattr(self._wrapped, name)
 
 
-class PostImportFinder(importlib.abc.MetaPathFinder):
+class PostImportFinder:
     """Runs callbacks once a watched module has finished executing (or at once if already imported)."""
 
     def __init__(self) -> None:
-        self._callbacks: dict[str, list[Callback]] = {}
+        self._callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
         self._finding: set[str] = set()
 
-    def watch(self, name: str, callback: Callback) -> None:
+    def watch(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         module = sys.modules.get(name)
         if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
             callback(module)
@@ -71,6 +71,8 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
             try:
                 callback(module)
             except Exception as exc:  # noqa: BLE001 - a plugin bug must never break the host's import
+                import warnings
+
                 warnings.warn(f"bridge-freeze-plugin: activation after importing {name} failed: {exc!r}",
                               RuntimeWarning, stacklevel=2)
         if not self._callbacks and self in sys.meta_path:

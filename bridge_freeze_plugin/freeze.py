@@ -69,13 +69,16 @@ def apply_selection(
     """
     chunks = as_chunks(model)
     frozen = selection.frozen_parts()
+    classify = family.classify  # canonicalises the name itself
     classified: list[tuple[Part | None, Any]] = []
     unclassified: list[str] = []
-    for index, name, param in iter_named_parameters(chunks):
-        part = family.classify(name)
-        if part is None:
-            unclassified.append(_describe(index, name, len(chunks)))
-        classified.append((part, param))
+    # One traversal and one classification per parameter: the report below reuses them.
+    for index, chunk in enumerate(chunks):
+        for name, param in chunk.named_parameters():
+            part = classify(name)
+            if part is None:
+                unclassified.append(_describe(index, canonical_name(name), len(chunks)))
+            classified.append((part, param))
 
     if unclassified and selection.any_set:
         shown = ", ".join(unclassified[:_MAX_NAMES_IN_ERROR])
@@ -100,15 +103,16 @@ def apply_selection(
         if state is None or state.selection != selection or state.family != family.name:
             object.__setattr__(chunk, STATE_ATTR, ChunkState(selection, family.name))
 
-    report = count_parts(
-        chunks,
+    report = _report(
+        classified,
         family,
         selection,
         provider_name=provider_name,
         model_name=model_name,
         overridden_defaults=overridden_defaults,
     )
-    logger.debug("bridge-freeze applied to %d chunk(s):\n%s", len(chunks), report.format())
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("bridge-freeze applied to %d chunk(s):\n%s", len(chunks), report.format())
     return report
 
 
@@ -122,13 +126,33 @@ def count_parts(
     overridden_defaults: tuple[DefaultOverride, ...] = (),
 ) -> FreezeReport:
     """The per-part report of ``model`` as it is now (changes nothing)."""
+    classified = [(family.classify(name), param) for _, name, param in iter_named_parameters(as_chunks(model))]
+    return _report(
+        classified,
+        family,
+        selection,
+        provider_name=provider_name,
+        model_name=model_name,
+        overridden_defaults=overridden_defaults,
+    )
+
+
+def _report(
+    classified: list[tuple[Part | None, Any]],
+    family: FamilySpec,
+    selection: FreezeSelection,
+    *,
+    provider_name: str,
+    model_name: str | None,
+    overridden_defaults: tuple[DefaultOverride, ...],
+) -> FreezeReport:
+    """Tally (part, parameter) pairs, in traversal order, as they are now."""
     seen: set[int] = set()
     counts: dict[Part, list[int]] = {}
-    for _, name, param in iter_named_parameters(as_chunks(model)):
+    for part, param in classified:
         if id(param) in seen:  # a tensor shared between modules counts once
             continue
         seen.add(id(param))
-        part = family.classify(name)
         row = counts.setdefault(Part.OTHER if part is None else part, [0, 0, 0, 0])
         n = param.numel()
         row[1] += n

@@ -30,6 +30,9 @@ from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
 
 #: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
 _WRAPPER_PREFIX = "module."
+#: Up to this many prefixes, :meth:`FamilySpec.classify` tests them in turn (faster than walking
+#: the name up through a dict, one ``rfind`` + slice per module level); above it, it walks.
+_MAX_LINEAR_PREFIXES = 16
 
 
 def canonical_name(name: str) -> str:
@@ -69,6 +72,8 @@ class FamilySpec:
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: (prefix, prefix + ".", part), longest prefix first: the fast path of :meth:`classify`.
+    _ordered: tuple[tuple[str, str, Part], ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types"):
@@ -105,13 +110,24 @@ class FamilySpec:
                         f"{index[prefix].value} and {part.value}"
                     )
                 index[prefix] = part
+        if len(index) <= _MAX_LINEAR_PREFIXES:
+            ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
+            object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
 
     def prefixes(self, part: Part) -> tuple[str, ...]:
         return self.other if part is Part.OTHER else getattr(self, part.value)
 
     def classify(self, name: str) -> Part | None:
         """The part of one parameter (``None``: under no prefix at all)."""
-        name = canonical_name(name)
+        if name.startswith(_WRAPPER_PREFIX):
+            name = canonical_name(name)
+        if self._ordered:
+            # Few prefixes (every built-in family): test them longest first; the first that is the
+            # name itself or one of its module ancestors is the longest match.
+            for prefix, dotted, part in self._ordered:
+                if name.startswith(dotted) or name == prefix:
+                    return part
+            return None
         index = self._index
         # Longest prefix first: walk from the full name up, one module level at a time.
         while True:

@@ -55,12 +55,17 @@ def init_cpu_distributed(
     if not dist.is_initialized():
         rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            if world_size != 1:
+        if world_size == 1:
+            # A private loopback port, not written to the environment: child processes (CLI tests)
+            # must not inherit a MASTER_PORT this process is already listening on.
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            )
+        else:
+            if "MASTER_PORT" not in os.environ:
                 raise RuntimeError("multi-process CPU runs must set MASTER_PORT for every rank")
-            os.environ["MASTER_PORT"] = str(free_port())
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(

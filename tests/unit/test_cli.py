@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
@@ -30,9 +32,10 @@ def test_families_json_lists_every_builtin_with_its_prefixes():
 
 
 def test_help_of_every_subcommand_has_examples():
-    for sub in ("families", "demo"):
+    for sub in ("families", "demo", "plan", "check-config"):
         out = run(sub, "--help")
-        assert out.returncode == 0 and "examples:" in out.stdout
+        assert out.returncode == 0 and "examples:" in out.stdout, sub
+        assert f"bridge-freeze {sub}" in out.stdout.split("examples:")[1], sub
 
 
 @pytest.mark.parametrize(
@@ -56,3 +59,265 @@ def test_demo_failure_paths_are_one_line_and_nonzero():
     assert "Traceback" not in out.stderr
     out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection")
     assert out.returncode == 2 and "nothing would train" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------------------------
+
+
+def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge):
+    out = run("plan", "qwen3_vl_moe", "--tiny", "--freeze-language-model", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert out.stdout.strip() == json.dumps(doc, indent=2, sort_keys=True)  # stable key order
+    assert doc["schema_version"] == 1
+    assert doc["model"]["family"] == "qwen3_vl_moe" and doc["model"]["device"] == "meta"
+    assert doc["trained_parts"] == ["vision_model", "vision_projection"]
+
+    # Independent check: the real tiny model, built with real storage on the CPU, counted here.
+    from bridge_freeze_plugin import get_family
+    from bridge_freeze_testing.tiny import build_tiny_model
+
+    model = build_tiny_model("qwen3_vl_moe")
+    family = get_family("qwen3_vl_moe")
+    expected: dict[str, int] = {}
+    for name, param in model.named_parameters():
+        part = family.classify(name)
+        expected[part.value] = expected.get(part.value, 0) + param.numel()
+    assert doc["total"]["total"] == sum(p.numel() for p in model.parameters())
+    assert {p["part"]: p["total"] for p in doc["parts"]} == expected
+    assert doc["total"]["total_tensors"] == len(list(model.parameters())) == len(doc["parameters"])
+
+    params = doc["parameters"]
+    assert sum(p["numel"] for p in params) == doc["total"]["total"]
+    assert all(p["trainable"] is (p["part"] != "language_model") for p in params)
+    lm = next(p for p in doc["parts"] if p["part"] == "language_model")
+    assert lm["trainable"] == 0 and lm["frozen"] == lm["total"] == expected["language_model"]
+    # Default assumptions: bf16 weights, fp32 grads, Adam + fp32 master = 12 B/param.
+    total = doc["total"]
+    assert total["weight_bytes"] == 2 * total["total"]
+    assert total["grad_bytes"] == 4 * total["trainable"]
+    assert total["optimizer_bytes"] == 12 * total["trainable"]
+    assert lm["saved_bytes"] == 16 * lm["total"]
+
+
+#: Qwen3-VL-30B-A3B-Instruct's config.json (public model card), text and vision towers at full size.
+QWEN3_VL_30B_A3B = {
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+    "model_type": "qwen3_vl_moe",
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_vl_moe_text",
+        "attention_bias": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "decoder_sparse_step": 1,
+        "dtype": "bfloat16",
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 262144,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+        "rope_theta": 5000000,
+        "vocab_size": 151936,
+    },
+    "vision_config": {
+        "model_type": "qwen3_vl_moe",
+        "deepstack_visual_indexes": [8, 16, 24],
+        "depth": 27,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "in_channels": 3,
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+
+
+def test_plan_full_size_qwen3_vl_30b_a3b_in_under_a_minute_and_4_gb(tmp_path):
+    folder = tmp_path / "Qwen3-VL-30B-A3B-Instruct"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_VL_30B_A3B))
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [EXE, "plan", "Qwen3VLMoEModelProvider", "--hf-config", str(folder), "--freeze-language-model",
+             "--dp-size", "8", "--json"],
+            stdout=stdout, stderr=stderr, text=True,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS, not the test session's
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - started
+        stdout.seek(0)
+        stderr.seek(0)
+        text, errors = stdout.read(), stderr.read()
+    assert proc.returncode == 0, errors
+    peak_gb = usage.ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB on Linux
+    assert seconds < 60, f"plan took {seconds:.1f} s"
+    assert peak_gb < 4, f"plan peaked at {peak_gb:.2f} GB"
+
+    doc = json.loads(text)
+    parts = {p["part"]: p for p in doc["parts"]}
+    assert doc["model"]["provider"] == "Qwen3VLMoEModelProvider" and doc["model"]["source"] == "hf-config"
+    assert 31.0e9 < doc["total"]["total"] < 31.2e9  # Qwen3-VL-30B-A3B: 31.07 B parameters
+    assert parts["language_model"]["trainable"] == 0 and parts["language_model"]["total"] > 30e9
+    assert parts["vision_model"]["trainable"] == parts["vision_model"]["total"] > 0
+    assert parts["vision_projection"]["trainable"] == parts["vision_projection"]["total"] > 0
+    # 128 experts x 48 layers: every expert's tensors are listed, all frozen.
+    experts = [p for p in doc["parameters"] if ".mlp.experts." in p["name"]]
+    assert len(experts) >= 128 * 48 * 2 and not any(p["trainable"] for p in experts)
+    # Distributed optimizer over 8 ranks: 12 B/param of optimizer state / 8; the fp32 grad buffer unsharded.
+    lm = parts["language_model"]
+    assert lm["saved_grad_bytes"] == 4 * lm["total"]
+    assert lm["saved_optimizer_bytes"] == 12 * lm["total"] // 8
+    assert doc["assumptions"]["dp_size"] == 8
+
+
+def test_plan_text_output_and_changed_assumptions():
+    out = run("plan", "Qwen25VLModelProvider", "--tiny", "--freeze-vision-model", "--param-dtype", "fp32",
+              "--optimizer", "sgd")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("Qwen25VLModelProvider, family qwen25_vl (tiny test config)")
+    assert "freeze_vision_model=true" in lines[1] and "train language_model + vision_projection" in lines[1]
+    # fp32 weights: no master copy; SGD: one momentum buffer.
+    assert "fp32 weights (4 B/param)" in lines[2] and "sgd with fp32 momentum buffer (4 B/trainable param)" in lines[2]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("  ")}
+    assert set(rows) >= {"part", "language_model", "vision_model", "vision_projection", "total"}
+    assert rows["vision_model"][1] == "0"
+    assert "Traceback" not in out.stderr and "WARNING" not in out.stderr  # third-party chatter kept quiet
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("plan", "no_such_vlm", "--tiny"), "'no_such_vlm' is neither a registered family nor a provider class"),
+        (("plan", "qwen3_vl"), "--tiny (the project's tiny test config) or --hf-config PATH"),
+        (("plan", "qwen3_vl", "--hf-config", "/no/such/model"), "no config at /no/such/model"),
+        (("plan", "qwen3_vl", "--tiny", "--dp-size", "0"), "dp_size must be a positive integer"),
+    ],
+)
+def test_plan_failure_paths_are_one_line_and_exit_2(args, message):
+    out = run(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert out.stdout == ""
+
+
+def test_debug_shows_the_traceback():
+    out = run("plan", "no_such_vlm", "--tiny", "--debug")
+    assert out.returncode != 0 and "Traceback" in out.stderr and "UnknownFamilyError" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# check-config
+# ---------------------------------------------------------------------------------------------
+
+SFT_YAML = """\
+strategy: megatron
+model:
+  path: /checkpoints/not-local
+  lora: {rank: 0}
+megatron_config:
+  freeze_language_model: true
+  freeze_vision_model: true
+"""
+
+RL_YAML = """\
+trainer:
+  strategy: megatron
+  policy:
+    model: {path: /checkpoints/not-local}
+    megatron_config:
+      freeze_vision_model: true
+  ref:
+    megatron_config: {}
+"""
+
+
+@pytest.fixture
+def configs(tmp_path):
+    (tmp_path / "sft.yaml").write_text(SFT_YAML)
+    (tmp_path / "rl.yaml").write_text(RL_YAML)
+    return tmp_path
+
+
+def test_check_config_valid_sft_prints_the_effective_selection(configs):
+    out = run("check-config", str(configs / "sft.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert ("selection (megatron_config): freeze_language_model=true freeze_vision_model=true "
+            "freeze_vision_projection=false") in out.stdout
+    assert "trains: vision_projection; frozen: language_model, vision_model" in out.stdout
+    assert out.stdout.rstrip().endswith("OK: valid")
+
+
+def test_check_config_valid_rl_with_overrides_after_the_options(configs):
+    out = run("check-config", str(configs / "rl.yaml"), "--rl", "--json",
+              "trainer.policy.megatron_config.freeze_language_model=true")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert out.stdout.strip() == json.dumps(doc, indent=2, sort_keys=True)
+    assert doc["valid"] is True and doc["layout"] == "rl" and doc["error"] is None
+    assert doc["selection"] == {"freeze_language_model": True, "freeze_vision_model": True,
+                                "freeze_vision_projection": False}
+    assert doc["trained_parts"] == ["vision_projection"]
+    assert doc["overrides"] == ["trainer.policy.megatron_config.freeze_language_model=true"]
+
+
+def test_check_config_dotted_overrides_change_the_selection(configs):
+    out = run("check-config", str(configs / "sft.yaml"), "megatron_config.freeze_language_model=false")
+    assert out.returncode == 0, out.stderr
+    assert "trains: language_model, vision_projection; frozen: vision_model" in out.stdout
+    assert "+ 1 override(s)" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sft.yaml", "strategy=fsdp"), "requires strategy=megatron, but strategy=fsdp"),
+        (("sft.yaml", "megatron_config.freeze_vision_projection=true"), "nothing would train"),
+        (("sft.yaml", "megatron_config.freeze_vison_model=true"), "did you mean megatron_config.freeze_vision_model"),
+        (("sft.yaml", "--family", "qwen3_vl", "megatron_config.recompute_granularity=full"),
+         "under full activation recompute"),
+        (("rl.yaml", "--rl", "trainer.ref.megatron_config.freeze_vision_model=true"),
+         "the reference model never trains"),
+        (("sft.yaml", "strategy=fsdp", "megatron_config.freeze_vision_projection=true"), "2 problems"),
+        (("missing.yaml",), "no such config file:"),
+        (("sft.yaml", "not-an-override"), "is not of the form dotted.key=value"),
+    ],
+)
+def test_check_config_invalid_exits_2_with_one_line(configs, args, message):
+    first, *rest = args
+    out = run("check-config", str(configs / first), *rest)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("bridge-freeze check-config: error: ")
+
+
+def test_check_config_invalid_json_still_reports_on_stdout(configs):
+    out = run("check-config", str(configs / "sft.yaml"), "--json", "strategy=fsdp")
+    assert out.returncode == 2
+    doc = json.loads(out.stdout)
+    assert doc["valid"] is False and "requires strategy=megatron" in doc["error"] and doc["selection"] is None

@@ -1,0 +1,56 @@
+"""The benchmark suite runs (``--quick``) and writes every figure's keys. Not a benchmark itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXPECTED = {
+    "overhead": {"sizes", "max_ratio", "target_ratio", "ratio_ok", "growth_100k_over_10k"},
+    "memory": {"selections", "all_exact", "naive_freeze_after_optimizer"},
+    "step": {"ratio", "full_step_ms", "vision_layer_backward_calls", "vision_backward_skipped_when_frozen"},
+    "activation": {"python_c_pass", "import_megatron_bridge"},
+    "plan": {"available", "time_ratio", "peak_rss_ratio"},
+}
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    # Earlier tests in this process may have set up a CPU process group: its port is taken.
+    dist_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
+    env["PYTHONWARNINGS"] = "ignore"
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert elapsed < 40, f"--quick took {elapsed:.0f} s"
+    result = json.loads(out.read_text())
+    assert result["quick"] is True
+    assert {"cpu", "cores", "memory_gib"} <= set(result["machine"])
+    assert set(result["figures"]) == set(EXPECTED)
+    for name, keys in EXPECTED.items():
+        assert keys <= set(result["figures"][name]), (name, keys - set(result["figures"][name]))
+    memory = result["figures"]["memory"]
+    assert memory["all_exact"], memory["selections"]
+    assert result["figures"]["step"]["vision_backward_skipped_when_frozen"]
+    assert "written:" in proc.stdout
+
+
+def test_only_rejects_unknown_figures():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--only", "nope"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "unknown figure" in proc.stderr
