@@ -76,7 +76,7 @@ def cpu_build_patches() -> Iterator[None]:
         peft_utils.HAVE_TE = False
     # A provider with a non-"auto" attention backend writes NVTE_* variables that megatron-core then
     # asserts on in every later build of the process: each build starts from none of them.
-    nvte = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+    nvte = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", *(f"NVTE_FLASH_ATTN_V{v}" for v in (2, 3, 4)))
     saved_env = {name: os.environ.pop(name, None) for name in nvte}
     undo.append((torch.cuda, "current_device", torch.cuda.current_device))
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]

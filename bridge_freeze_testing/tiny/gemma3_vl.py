@@ -8,17 +8,12 @@ and every vision-side name are the real ones; inside a layer the norms sit where
 them (``input_layernorm`` / ``pre_mlp_layernorm`` instead of TE's fused ``linear_qkv.layer_norm_weight``,
 no ``post_layernorm`` after ``linear_proj`` / ``linear_fc2``). Numerics are not Gemma's.
 
-:func:`build_patches` keeps the build from leaking process state: Gemma3-VL's fixed
-``attention_backend=fused`` makes megatron-core's ``LanguageModule`` set ``NVTE_FLASH_ATTN=0`` (and
-``NVTE_FUSED_ATTN=1``, ``NVTE_UNFUSED_ATTN=0``) in ``os.environ``, and the next model built in the same
-process with the default ``auto`` backend then fails an assertion on those variables.
+Gemma3-VL's fixed ``attention_backend=fused`` makes megatron-core set ``NVTE_*`` variables in
+``os.environ``; :func:`~bridge_freeze_testing.local_specs.cpu_build_patches` isolates every build from them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import Any
 
 from bridge_freeze_testing.tiny._common import TINY_LM, finalized
@@ -29,26 +24,6 @@ REAL = True
 TINY_VISION = {"hidden_size": 32, "image_size": 16, "patch_size": 4, "tokens_per_image": 4}
 #: Image placeholder inside the tiny vocabulary (the real id, 262144, is past its end).
 IMAGE_TOKEN_ID = TINY_LM["vocab_size"] - 1
-
-
-#: Environment variables megatron-core's ``LanguageModule._set_attention_backend`` checks and sets.
-NVTE_ATTENTION_VARS = tuple(
-    ["NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"] + [f"NVTE_FLASH_ATTN_V{v}" for v in (2, 3, 4)]
-)
-
-
-@contextlib.contextmanager
-def build_patches() -> Iterator[None]:
-    """Build with the NVTE attention variables unset; put back what was there before."""
-    saved = {name: os.environ.pop(name, None) for name in NVTE_ATTENTION_VARS}
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def local_layer_spec(config: Any) -> Any:

@@ -34,8 +34,8 @@ CPU patches (:func:`build_patches`, active only while building):
 5. Environment: building a megatron-core language model writes its attention backend into
    ``NVTE_FLASH_ATTN`` / ``NVTE_FUSED_ATTN`` / ``NVTE_UNFUSED_ATTN`` and asserts that values already
    there agree. This provider's backend is ``flash`` (Hybrid default); most other families' is
-   ``auto``. Those variables are cleared while building and restored afterwards, so building this
-   family and another one in the same process works in either order.
+   ``auto``. ``local_specs.cpu_build_patches`` clears them while building and restores them
+   afterwards, so building this family and another one in the same process works in either order.
 
 Layer implementations are megatron-core's local ones; module names and tree are the real ones.
 """
@@ -46,7 +46,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,7 +79,6 @@ TINY_VISION: dict[str, Any] = {
 TINY_PROJECTION_FFN = 128
 
 #: Environment variables megatron-core's ``LanguageModule`` sets from ``attention_backend``.
-NVTE_BACKEND_VARS = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 
 
 @functools.cache
@@ -231,7 +229,7 @@ def make_provider(**overrides: Any) -> Any:
 
 @contextlib.contextmanager
 def build_patches() -> Iterator[None]:
-    """Local hybrid spec and final norm, buildable Mamba mixer, tiny vision, NVTE env (see module doc)."""
+    """Local hybrid spec and final norm, buildable Mamba mixer, tiny vision (see module doc)."""
     from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
     from megatron.core.models.hybrid import hybrid_block
     from megatron.core.ssm import mamba_mixer
@@ -245,7 +243,6 @@ def build_patches() -> Iterator[None]:
         (mamba_mixer, "ExtendedRMSNorm", cpu_classes()[1]),
     ]
     undo = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    saved_env = {name: os.environ.pop(name, None) for name in NVTE_BACKEND_VARS}
     for module, name, value in patches:
         setattr(module, name, value)
     try:
@@ -253,8 +250,3 @@ def build_patches() -> Iterator[None]:
     finally:
         for module, name, original in reversed(undo):
             setattr(module, name, original)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
