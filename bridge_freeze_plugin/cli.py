@@ -232,13 +232,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     hf_config = args.hf_config
     if not args.tiny and hf_config is None:
-        if os.path.exists(args.model):
+        if args.model is not None and os.path.exists(args.model):
             raise CommandError(
                 f"MODEL is a family or provider class name; to plan from {args.model}, "
                 f"write: bridge-freeze plan FAMILY --hf-config {args.model}"
             )
         raise CommandError("say which configuration to build: --tiny (the project's tiny test config) "
                            "or --hf-config PATH (a local config.json or model folder)")
+    if args.model is None and not hf_config:
+        raise CommandError("give MODEL (a family or provider class name); only --hf-config can go without it")
+    if args.model is not None:
+        planning.resolve_model(args.model)  # cheap checks first: no torch import for a typo
+    if hf_config is not None:
+        planning.config_file(hf_config)
     missing = [name for name in ("torch", "megatron.bridge", "transformers") if not _installed(name)]
     if missing:
         raise CommandError(f"plan needs {', '.join(missing)} installed (it builds the real Bridge model)")
@@ -414,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                "whole model (tensor/pipeline/expert parallel size 1). The --json document is described in\n"
                "docs/cli.md.",
     )
-    plan.add_argument("model", metavar="MODEL", help="family name or provider class name")
+    plan.add_argument("model", metavar="MODEL", nargs="?",
+                      help="family name or provider class name (optional with --hf-config: the config tells)")
     source = plan.add_mutually_exclusive_group()
     source.add_argument("--tiny", action="store_true", help="use the project's tiny test configuration")
     source.add_argument("--hf-config", metavar="PATH",

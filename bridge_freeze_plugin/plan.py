@@ -44,6 +44,7 @@ __all__ = [
     "PlanError",
     "PlanPart",
     "build_meta_model",
+    "config_file",
     "hf_config_provider",
     "make_plan",
     "plan_model",
@@ -366,7 +367,7 @@ def tiny_provider(name: str, family: FamilySpec) -> tuple[Any, str]:
                     f"{', '.join(candidates)}")
 
 
-def _config_file(path: str | os.PathLike[str]) -> Path:
+def config_file(path: str | os.PathLike[str]) -> Path:
     candidate = Path(os.path.expanduser(os.fspath(path)))
     if candidate.is_dir():
         candidate = candidate / "config.json"
@@ -405,20 +406,20 @@ def hf_config_provider(path: str | os.PathLike[str]) -> tuple[Any, str]:
 
     Returns ``(provider, config file)``. No weights, no hub access.
     """
-    config_file = _config_file(path)
+    cfg_file = config_file(path)
     try:
         from transformers import AutoConfig
 
-        hf_config = AutoConfig.from_pretrained(str(config_file))
+        hf_config = AutoConfig.from_pretrained(str(cfg_file))
     except (OSError, ValueError, KeyError) as exc:
-        raise PlanError(f"cannot read {config_file} as a transformers config: {_one_line(exc)}") from exc
+        raise PlanError(f"cannot read {cfg_file} as a transformers config: {_one_line(exc)}") from exc
     from megatron.bridge import AutoBridge
 
     try:
         bridge = AutoBridge.from_hf_config(hf_config)
         provider = bridge.to_megatron_provider(load_weights=False)
     except (ValueError, KeyError, AttributeError, TypeError, NotImplementedError) as exc:
-        raise PlanError(f"Megatron-Bridge cannot convert {config_file}: {_one_line(exc)}") from exc
+        raise PlanError(f"Megatron-Bridge cannot convert {cfg_file}: {_one_line(exc)}") from exc
     for name, value in _CPU_FIELDS.items():
         if hasattr(provider, name):
             setattr(provider, name, value)
@@ -427,8 +428,8 @@ def hf_config_provider(path: str | os.PathLike[str]) -> tuple[Any, str]:
     try:
         provider.finalize()
     except (ValueError, AssertionError, AttributeError, TypeError) as exc:
-        raise PlanError(f"the provider converted from {config_file} does not validate: {_one_line(exc)}") from exc
-    return provider, str(config_file)
+        raise PlanError(f"the provider converted from {cfg_file} does not validate: {_one_line(exc)}") from exc
+    return provider, str(cfg_file)
 
 
 # --------------------------------------------------------------------------------------------
@@ -481,14 +482,17 @@ def bridge_runtime() -> None:
 
 
 def plan_model(
-    model: str,
+    model: str | None,
     selection: FreezeSelection,
     assumptions: MemoryAssumptions,
     *,
     tiny: bool = False,
     hf_config: str | os.PathLike[str] | None = None,
 ) -> Plan:
-    """Build ``model`` (family / provider class name) on the meta device with ``selection``; the plan."""
+    """Build ``model`` (family / provider class name) on the meta device with ``selection``; the plan.
+
+    ``model`` may be ``None`` with ``hf_config``: the family is then the one of the converted provider.
+    """
     import time
 
     from bridge_freeze_plugin.mixins import make_freezable
@@ -496,11 +500,14 @@ def plan_model(
 
     if tiny == (hf_config is not None):
         raise PlanError("give exactly one of --tiny (the project's tiny test config) or --hf-config PATH")
-    family = resolve_model(model)
+    if model is None and tiny:
+        raise PlanError("--tiny needs MODEL (a family or provider class name)")
+    family = resolve_model(model) if model is not None else None
     if hf_config is not None:
-        _config_file(hf_config)  # a missing file fails before the (slow) Bridge import
+        config_file(hf_config)  # a missing file fails before the (slow) Bridge import
     bridge_runtime()
     if tiny:
+        assert model is not None and family is not None
         provider, tiny_name = tiny_provider(model, family)
         source, config_path = "tiny", None
     else:
@@ -509,11 +516,14 @@ def plan_model(
         source = "hf-config"
         found = family_for_provider(provider)
         if found is None:
+            families = ", ".join(f.name for f in list_families())
             raise PlanError(
                 f"{config_path} converts to {type(provider).__name__}, which no bridge-freeze family covers "
-                f"(MODEL {model!r} is family {family.name!r})"
+                f"(registered families: {families})"
             )
-        if found.name != family.name:
+        if family is None:
+            family = found
+        elif found.name != family.name:
             raise PlanError(
                 f"{config_path} is a {found.name} model ({type(provider).__name__}), "
                 f"but MODEL {model!r} is family {family.name!r}"

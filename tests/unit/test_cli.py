@@ -161,8 +161,8 @@ def test_plan_full_size_qwen3_vl_30b_a3b_in_under_a_minute_and_4_gb(tmp_path):
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [EXE, "plan", "Qwen3VLMoEModelProvider", "--hf-config", str(folder), "--freeze-language-model",
-             "--dp-size", "8", "--json"],
+            # No MODEL: the family comes from the config (Bridge converts it to Qwen3VLMoEModelProvider).
+            [EXE, "plan", "--hf-config", str(folder), "--freeze-language-model", "--dp-size", "8", "--json"],
             stdout=stdout, stderr=stderr, text=True,
         )
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS, not the test session's
@@ -178,7 +178,8 @@ def test_plan_full_size_qwen3_vl_30b_a3b_in_under_a_minute_and_4_gb(tmp_path):
 
     doc = json.loads(text)
     parts = {p["part"]: p for p in doc["parts"]}
-    assert doc["model"]["provider"] == "Qwen3VLMoEModelProvider" and doc["model"]["source"] == "hf-config"
+    assert doc["model"]["provider"] == "Qwen3VLMoEModelProvider" and doc["model"]["family"] == "qwen3_vl_moe"
+    assert doc["model"]["source"] == "hf-config" and doc["model"]["config_path"] == str(folder / "config.json")
     assert 31.0e9 < doc["total"]["total"] < 31.2e9  # Qwen3-VL-30B-A3B: 31.07 B parameters
     assert parts["language_model"]["trainable"] == 0 and parts["language_model"]["total"] > 30e9
     assert parts["vision_model"]["trainable"] == parts["vision_model"]["total"] > 0
@@ -215,6 +216,7 @@ def test_plan_text_output_and_changed_assumptions():
         (("plan", "qwen3_vl"), "--tiny (the project's tiny test config) or --hf-config PATH"),
         (("plan", "qwen3_vl", "--hf-config", "/no/such/model"), "no config at /no/such/model"),
         (("plan", "qwen3_vl", "--tiny", "--dp-size", "0"), "dp_size must be a positive integer"),
+        (("plan", "--tiny"), "give MODEL"),
     ],
 )
 def test_plan_failure_paths_are_one_line_and_exit_2(args, message):

@@ -194,3 +194,16 @@ def test_chunk_list_and_a_chunk_without_vision_encoder(cpu_bridge):
     assert trainable(later) == set()
     assert trainable(first) == {n for n in all_names(first) if n.startswith("vision_model.")}
     assert report.total == sum(p.numel() for c in chunks for p in c.parameters())
+
+
+def test_a_deep_copied_provider_freezes_by_its_own_flags(cpu_bridge):
+    import copy
+
+    original = make_freezable(make_provider("qwen3_vl"), PROJECTION_ONLY)
+    build_tiny_chunks("qwen3_vl", provider=original)  # creates and caches the pre-wrap hook
+    clone = copy.deepcopy(original)
+    clone.freeze_language_model = False  # the clone trains the language model too
+    chunks = build_tiny_chunks("qwen3_vl", provider=clone)
+    names = all_names(chunks)
+    assert trainable(chunks) == {n for n in names if QWEN3_PROJECTION.match(n) or n.startswith("language_model.")}
+    assert original.freeze_language_model is True
