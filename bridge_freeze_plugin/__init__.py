@@ -19,6 +19,7 @@ from bridge_freeze_plugin.distributed import PeerRankFreezeError, last_report
 from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
     FamilyRegistrationError,
+    FreezeFlagTypeError,
     InvalidFreezeConfigError,
     UnclassifiedParameterError,
     UnknownFamilyError,
@@ -69,6 +70,7 @@ __all__ = [
     "FamilyRegistrationError",
     "FamilySpec",
     "FreezableVLMProvider",
+    "FreezeFlagTypeError",
     "FreezeGuaranteeError",
     "FreezeReport",
     "FreezeSelection",

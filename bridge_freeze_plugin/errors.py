@@ -28,3 +28,7 @@ class UnclassifiedParameterError(BridgeFreezeError, RuntimeError):
 
 class InvalidFreezeConfigError(BridgeFreezeError, ValueError):
     """A training configuration asks for a freeze selection that cannot be honoured."""
+
+
+class FreezeFlagTypeError(InvalidFreezeConfigError, TypeError):
+    """A freeze flag holds something other than a real bool (``1``, ``"yes"``, ``None``...)."""

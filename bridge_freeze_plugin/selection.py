@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+from bridge_freeze_plugin.errors import FreezeFlagTypeError
+
 
 class Part(StrEnum):
     """The parts a VLM's parameters are divided into."""
@@ -43,8 +45,9 @@ class FreezeSelection:
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, bool):
-                raise TypeError(
-                    f"{f.name} must be a bool (true/false), got {value!r} of type {type(value).__name__}"
+                raise FreezeFlagTypeError(
+                    f"{f.name} must be a bool (true/false), got {value!r} of type {type(value).__name__}; "
+                    f"set it to True or False"
                 )
 
     @property
@@ -74,7 +77,10 @@ class FreezeSelection:
     @classmethod
     def from_object(cls, obj: Any) -> FreezeSelection:
         """Read the three flags off a provider (or any object); a missing attribute means ``False``."""
-        return cls(**{name: getattr(obj, name, False) for name in FLAGS})
+        try:
+            return cls(**{name: getattr(obj, name, False) for name in FLAGS})
+        except FreezeFlagTypeError as exc:
+            raise FreezeFlagTypeError(f"{type(obj).__name__}: {exc}") from None
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FreezeSelection:
