@@ -102,6 +102,7 @@ class _Progress:
 def cmd_demo(args: argparse.Namespace) -> int:
     try:
         import torch
+        import transformers  # noqa: F401  (before _quiet_third_party: it sets its loggers' levels on import)
 
         from bridge_freeze_plugin.mixins import make_freezable
         from bridge_freeze_testing import train
@@ -122,9 +123,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    provider = make_freezable(train.make_provider(args.model), selection)
-    family = provider.freeze_family()
-    (model,) = build_tiny_chunks(args.model, provider=provider)
+    with _quiet_third_party(logging.getLogger().getEffectiveLevel()):
+        provider = make_freezable(train.make_provider(args.model), selection)
+        family = provider.freeze_family()
+        (model,) = build_tiny_chunks(args.model, provider=provider)
     report = provider.freeze_report(model)
     _out(report.format())
     _out()
