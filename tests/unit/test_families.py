@@ -106,3 +106,24 @@ def test_family_builds_through_provide_and_provide_distributed_model(cpu_bridge,
         assert type(model).__module__.startswith("megatron.bridge.models.")
     else:
         assert family_module(family).STAND_IN_REASON
+
+
+def test_bridge_own_freeze_does_not_run_so_nemotron_prints_nothing(cpu_bridge, capfd):
+    """Nemotron-VL's own freeze() prints one line per frozen parameter on every rank; ours replaces it."""
+    provider = make_freezable(make_provider("nemotron_vl"), FreezeSelection(True, True, False))
+    capfd.readouterr()
+    (chunk,) = build_tiny_chunks("nemotron_vl", provider=provider)
+    out, err = capfd.readouterr()
+    assert "Freezing" not in out + err
+    assert any(p.requires_grad for p in chunk.parameters())
+
+    # Negative control: Bridge's own provide() (under the plugin's wrapper) does print.
+    from megatron.bridge.models.nemotron_vl.nemotron_vl_provider import NemotronVLModelProvider
+
+    from bridge_freeze_testing.tiny import build_context
+
+    bridge_provide = NemotronVLModelProvider.provide.__bridge_freeze_wrapped__  # Bridge's, unwrapped
+    with build_context("nemotron_vl"):
+        bridge_provide(provider, pre_process=True, post_process=True)
+    out, _ = capfd.readouterr()
+    assert "Freezing language_model." in out
