@@ -92,6 +92,20 @@ def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bri
         assert under, f"{family}: the tiny model has no {module} (the test would prove nothing)"
         assert not any(params[n].requires_grad for n in under), f"{family}: {module} still trains"
 
+    # Negative control: Bridge's own provide() + freeze(), with all three flags, leaves them training.
+    from bridge_freeze_plugin import get_family
+    from bridge_freeze_testing.tiny import build_context
+
+    bridge_cls = get_family(family).resolve_providers()[0]
+    provider.freeze_vision_projection = True
+    with build_context(family):
+        bare = bridge_cls.provide.__bridge_freeze_wrapped__(provider, pre_process=True, post_process=True)
+    still_training = {n for n, p in bare.named_parameters() if p.requires_grad}
+    assert still_training == {n for n in still_training if n.startswith(BRIDGE_FREEZE_GAPS[family])}
+    assert {n.rsplit(".", 1)[0] for n in still_training} and all(
+        any(n.startswith(m + ".") for n in still_training) for m in BRIDGE_FREEZE_GAPS[family]
+    )
+
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_family_builds_through_provide_and_provide_distributed_model(cpu_bridge, family):
