@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_testing.tiny.qwen3_vl import TINY_IMAGE, TINY_VISION
 
 REAL = True
-TINY_IMAGE = {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
 
 #: Hybrid GDN + gated-attention language-model fields shared by the dense and MoE variants.
 TINY_HYBRID: dict[str, Any] = {
@@ -59,15 +59,7 @@ TINY_HYBRID: dict[str, Any] = {
 def vision_config() -> Any:
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
 
-    return Qwen3_5VisionConfig(
-        depth=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=4,
-        out_hidden_size=64,
-        num_position_embeddings=64,
-        **TINY_IMAGE,
-    )
+    return Qwen3_5VisionConfig(**TINY_VISION)
 
 
 def make_provider(**overrides: Any) -> Any:

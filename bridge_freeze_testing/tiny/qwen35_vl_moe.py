@@ -14,7 +14,7 @@ from typing import Any
 
 from bridge_freeze_testing.tiny._common import TINY_LM, finalized
 from bridge_freeze_testing.tiny.qwen3_vl_moe import TINY_MOE
-from bridge_freeze_testing.tiny.qwen35_vl import TINY_HYBRID, TINY_IMAGE, build_patches, forward_patches
+from bridge_freeze_testing.tiny.qwen35_vl import TINY_HYBRID, TINY_IMAGE, TINY_VISION, build_patches, forward_patches
 
 __all__ = ["REAL", "build_patches", "forward_patches", "make_provider", "vision_config"]
 
@@ -30,15 +30,7 @@ TINY_SHARED_EXPERT: dict[str, Any] = {
 def vision_config() -> Any:
     from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeVisionConfig
 
-    return Qwen3_5MoeVisionConfig(
-        depth=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=4,
-        out_hidden_size=64,
-        num_position_embeddings=64,
-        **TINY_IMAGE,
-    )
+    return Qwen3_5MoeVisionConfig(**TINY_VISION)
 
 
 def make_provider(**overrides: Any) -> Any:

@@ -8,21 +8,22 @@ from bridge_freeze_testing.tiny._common import TINY_LM, finalized
 
 REAL = True
 TINY_IMAGE = {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
+#: The vision tower sizes shared by the Qwen3-VL and Qwen3.5-VL tiny configs (HF vision config fields).
+TINY_VISION = {
+    "depth": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 4,
+    "out_hidden_size": 64,
+    "num_position_embeddings": 64,
+    **TINY_IMAGE,
+}
 
 
 def vision_config() -> Any:
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
-    return Qwen3VLVisionConfig(
-        depth=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=4,
-        out_hidden_size=64,
-        num_position_embeddings=64,
-        deepstack_visual_indexes=[0, 1],
-        **TINY_IMAGE,
-    )
+    return Qwen3VLVisionConfig(**TINY_VISION, deepstack_visual_indexes=[0, 1])
 
 
 def make_provider(**overrides: Any) -> Any:
