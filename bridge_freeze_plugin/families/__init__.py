@@ -10,7 +10,7 @@ loudly (``UnclassifiedParameterError``) rather than train or freeze by accident.
 
 from __future__ import annotations
 
-from bridge_freeze_plugin.families import ernie, gemma, glm, kimi, mistral, nemotron, qwen
+from bridge_freeze_plugin.families import ernie, exaone, gemma, glm, kimi, minimax, mistral, nemotron, qwen, stepfun
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
 
 BUILTIN_FAMILIES: tuple[FamilySpec, ...] = (
@@ -21,6 +21,9 @@ BUILTIN_FAMILIES: tuple[FamilySpec, ...] = (
     *nemotron.FAMILIES,
     *ernie.FAMILIES,
     *mistral.FAMILIES,
+    *minimax.FAMILIES,
+    *stepfun.FAMILIES,
+    *exaone.FAMILIES,
 )
 
 for _spec in BUILTIN_FAMILIES:

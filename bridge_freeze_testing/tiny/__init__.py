@@ -35,6 +35,9 @@ TINY_FAMILIES: dict[str, str] = {
     "ernie45_vl": "ernie45_vl",
     "ministral3": "ministral3",
     "kimi_k25_vl": "kimi_k25_vl",
+    "minimax_m3_vl": "minimax_m3_vl",
+    "step37": "step37",
+    "exaone45_vl": "exaone45_vl",
 }
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,3 +40,33 @@ def finalized(provider: Any, **overrides: Any) -> Any:
         setattr(provider, name, value)
     provider.finalize()
     return provider
+
+
+def _mtp_spec_without_te(fn: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["use_transformer_engine"] = False
+        return fn(*bound.args, **bound.kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def local_mtp_block_spec() -> Iterator[None]:
+    """megatron-core's MTP block spec with local layers while building.
+
+    Bridge's MTP spec helpers (``gpt_provider.mtp_block_spec``, EXAONE 4.5's ``exaone_45_mtp_block_spec``)
+    import megatron-core's ``get_gpt_mtp_block_spec`` at call time and always pass
+    ``use_transformer_engine=True``, which fails without TE (``TESpecProvider`` is ``None``).
+    """
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    original = gpt_layer_specs.get_gpt_mtp_block_spec
+    gpt_layer_specs.get_gpt_mtp_block_spec = _mtp_spec_without_te(original)
+    try:
+        yield
+    finally:
+        gpt_layer_specs.get_gpt_mtp_block_spec = original

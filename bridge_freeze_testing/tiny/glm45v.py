@@ -13,12 +13,10 @@ expert overlap.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_testing.tiny._common import TINY_LM, finalized, local_mtp_block_spec
 
 REAL = True
 
@@ -61,31 +59,11 @@ def make_provider(**overrides: Any) -> Any:
     return finalized(provider, **overrides)
 
 
-def _mtp_spec_without_te(fn: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["use_transformer_engine"] = False
-        return fn(*bound.args, **bound.kwargs)
-
-    return call
-
-
 @contextlib.contextmanager
 def build_patches() -> Iterator[None]:
-    """Let an MTP layer build without TE.
+    """Let an MTP layer build without TE (see :func:`~bridge_freeze_testing.tiny._common.local_mtp_block_spec`).
 
-    ``GPTModelProvider``'s MTP spec helper (``gpt_provider.mtp_block_spec``) imports megatron-core's
-    ``get_gpt_mtp_block_spec`` at call time and always passes ``use_transformer_engine=True``, which
-    fails without TE (``TESpecProvider`` is ``None``). Only matters when ``mtp_num_layers`` is non-zero.
+    Only matters when ``mtp_num_layers`` is non-zero.
     """
-    from megatron.core.models.gpt import gpt_layer_specs
-
-    original = gpt_layer_specs.get_gpt_mtp_block_spec
-    gpt_layer_specs.get_gpt_mtp_block_spec = _mtp_spec_without_te(original)
-    try:
+    with local_mtp_block_spec():
         yield
-    finally:
-        gpt_layer_specs.get_gpt_mtp_block_spec = original

@@ -32,6 +32,26 @@ PARTS: dict[str, tuple[str, str, str, str | None]] = {
     "ernie45_vl": (r"language_model\.", r"(vision_tower|vision_model)\.", r"resampler_model\.", None),
     "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
     "kimi_k25_vl": (r"language_model\.", r"vision_tower\.", r"mm_projector\.", None),
+    # Two projector MLPs at the top level; the Lightning Indexer state belongs to no flag.
+    "minimax_m3_vl": (
+        r"language_model\.",
+        r"vision_tower\.vision_model\.",
+        r"(multi_modal_projector|patch_merge_mlp)\.",
+        r"lightning_indexers\.\d+\.",
+    ),
+    "step37": (r"language_model\.", r"vision_model\.", r"image_insert_embedding\.align_projector\.", None),
+    # The MTP block is not the language model here: Bridge's own freeze_mtp_model decides it, no flag of ours.
+    "exaone45_vl": (
+        r"language_model\.(?!mtp\.)",
+        r"vision_model\.",
+        r"vision_model\.merger\.",
+        r"language_model\.mtp\.",
+    ),
+}
+
+# Parameters Bridge builds with requires_grad=False and never runs (checkpoint-only state): they never train.
+FROZEN_AS_BUILT = {
+    "minimax_m3_vl": r"lightning_indexers\.",
 }
 
 # Modules Bridge's own freeze() leaves to no flag: ours must put them in the vision encoder.
@@ -58,7 +78,8 @@ def part_of(family: str, name: str) -> str:
 
 def expected_trainable(family: str, names: set[str], selection: FreezeSelection) -> set[str]:
     frozen = {p.value for p in selection.frozen_parts()}
-    return {n for n in names if part_of(family, n) not in frozen}
+    never = FROZEN_AS_BUILT.get(family)
+    return {n for n in names if part_of(family, n) not in frozen and not (never and re.match(never, n))}
 
 
 def test_the_table_covers_every_tiny_family():
@@ -79,6 +100,8 @@ def test_every_selection_trains_exactly_what_was_asked(cpu_bridge, family):
         )
         # Every part the family has is really present in the tiny model.
         assert {part_of(family, n) for n in names} >= {"language_model", "vision_model", "vision_projection"}
+        if PARTS[family][3]:
+            assert "other" in {part_of(family, n) for n in names}, f"{family}: the tiny model has no `other` part"
 
 
 @pytest.mark.parametrize("family", sorted(BRIDGE_FREEZE_GAPS))
@@ -141,3 +164,29 @@ def test_bridge_own_freeze_does_not_run_so_nemotron_prints_nothing(cpu_bridge, c
         bridge_provide(provider, pre_process=True, post_process=True)
     out, _ = capfd.readouterr()
     assert "Freezing language_model." in out
+
+
+def _exaone_build(selection: FreezeSelection, **provider_fields) -> tuple[object, set[str]]:
+    provider = make_freezable(make_provider("exaone45_vl", **provider_fields), selection)
+    (chunk,) = build_tiny_chunks("exaone45_vl", provider=provider)
+    return provider, {n for n, p in chunk.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("selection", [FreezeSelection(True, True, True), FreezeSelection(True, False, False)])
+def test_exaone_mtp_follows_bridge_freeze_mtp_model_not_our_flags(cpu_bridge, selection):
+    """Bridge trains EXAONE 4.5's MTP block unless freeze_mtp_model, even with the language model frozen."""
+    provider, trainable = _exaone_build(selection)
+    mtp = {n for n in trainable if n.startswith("language_model.mtp.")}
+    assert mtp and not any(n.startswith("language_model.decoder.") for n in trainable)
+    # freeze_mtp_model (Bridge's own flag, left on the provider) still freezes it.
+    _, with_flag = _exaone_build(selection, freeze_mtp_model=True)
+    assert not any(n.startswith("language_model.mtp.") for n in with_flag)
+
+    # Parity: Bridge's own provide() + freeze() with the same flags leaves the same MTP parameters training.
+    from bridge_freeze_plugin import get_family
+    from bridge_freeze_testing.tiny import build_context
+
+    bridge_cls = get_family("exaone45_vl").resolve_providers()[0]
+    with build_context("exaone45_vl"):
+        bare = bridge_cls.provide.__bridge_freeze_wrapped__(provider, pre_process=True, post_process=True)
+    assert {n for n, p in bare.named_parameters() if p.requires_grad and n.startswith("language_model.mtp.")} == mtp

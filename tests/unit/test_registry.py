@@ -118,7 +118,7 @@ def test_unknown_family_error_lists_known():
 
 EXPECTED_BUILTINS = {
     "qwen25_vl", "qwen3_vl", "qwen3_vl_moe", "qwen35_vl", "glm45v", "kimi_k25_vl", "gemma3_vl",
-    "gemma4_vl", "nemotron_vl", "ernie45_vl", "ministral3",
+    "gemma4_vl", "nemotron_vl", "ernie45_vl", "ministral3", "minimax_m3_vl", "step37", "exaone45_vl",
 }
 
 

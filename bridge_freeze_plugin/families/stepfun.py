@@ -1,0 +1,21 @@
+"""Step-3.7.
+
+``vision_model`` (Perception-Encoder trunk and its two ``vit_downsampler`` convolutions) is the vision
+encoder. ``image_insert_embedding`` registers one submodule, the projection ``align_projector`` (the
+language model's word embedding it also uses is held outside its registered submodules, so it stays
+``language_model.embedding``); anything else that appears there one day falls under no prefix and
+makes a freeze fail loudly. Bridge's own freeze() covers all of them."""
+
+from bridge_freeze_plugin.registry import FamilySpec
+
+FAMILIES = [
+    FamilySpec(
+        name="step37",
+        description="Step-3.7 (projection `image_insert_embedding.align_projector`, Step-3.5 text decoder)",
+        providers=("megatron.bridge.models.stepfun.step37_provider:Step37ModelProvider",),
+        language_model=("language_model",),
+        vision_model=("vision_model",),
+        vision_projection=("image_insert_embedding.align_projector",),
+        hf_model_types=("step3p7",),
+    ),
+]

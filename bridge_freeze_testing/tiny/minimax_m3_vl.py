@@ -1,0 +1,72 @@
+"""MiniMax-M3-VL: real ``MiniMaxM3VLModelProvider`` / ``MiniMaxM3VLModel``.
+
+Bridge's own model class built through its own provider: Bridge's local CLIP-style vision tower
+(``vision_tower.vision_model``), two projector MLPs (``multi_modal_projector`` on each patch, then
+``patch_merge_mlp`` on each merged 2x2 group) and a Megatron GPT MoE language model (``language_model``:
+layer 0 dense, layer 1 MoE with 4 routed experts + a shared expert, QK norm, no tied output layer).
+``lightning_indexer_layers=[1]`` builds one ``lightning_indexers.1`` module: checkpoint-only state
+that Bridge creates with ``requires_grad=False`` and never runs.
+
+No CPU patch is needed. The text layer spec is set the way Bridge's own HF conversion sets it
+(``partial(minimax_m3_block_spec, use_transformer_engine=HAVE_TE)``), here with ``False``.
+CPU-only deviations that do not change module or parameter names: the ``allgather`` token dispatcher,
+no grouped GEMM, no permute fusion, no shared expert overlap.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+
+REAL = True
+
+#: Field names of the checkpoint's ``vision_config`` (a plain dict is accepted by the model).
+TINY_VISION: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+}
+
+TINY_TEXT_MOE: dict[str, Any] = {
+    "num_moe_experts": 4,
+    "moe_ffn_hidden_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    "moe_router_topk": 2,
+    "moe_layer_freq": [0, 1],
+    "moe_grouped_gemm": False,
+    "moe_permute_fusion": False,
+    "moe_shared_expert_overlap": False,
+    "moe_token_dispatcher_type": "allgather",
+    "mtp_num_layers": None,
+}
+
+
+def make_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.minimax_m3.minimax_m3_bridge import MiniMaxM3VLModelProvider, minimax_m3_block_spec
+
+    provider = MiniMaxM3VLModelProvider(
+        **TINY_LM,
+        **TINY_TEXT_MOE,
+        transformer_layer_spec=partial(minimax_m3_block_spec, use_transformer_engine=False),
+        normalization="RMSNorm",
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+        vision_config=dict(TINY_VISION),
+        spatial_merge_size=TINY_VISION["spatial_merge_size"],
+        projector_hidden_size=64,
+        lightning_indexer_layers=[1],
+        index_n_heads=2,
+        index_head_dim=16,
+        image_token_id=120,
+        video_token_id=121,
+    )
+    return finalized(provider, **overrides)
