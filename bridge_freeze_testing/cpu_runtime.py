@@ -37,6 +37,7 @@ def init_cpu_distributed(
     tensor_model_parallel_size: int = 1,
     pipeline_model_parallel_size: int = 1,
     virtual_pipeline_model_parallel_size: int | None = None,
+    expert_model_parallel_size: int = 1,
     *,
     rank: int | None = None,
     world_size: int | None = None,
@@ -72,6 +73,7 @@ def init_cpu_distributed(
             tensor_model_parallel_size=tensor_model_parallel_size,
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=expert_model_parallel_size,
         )
 
     # model_parallel_cuda_manual_seed needs a CUDA driver. The "inference" tracker has the same

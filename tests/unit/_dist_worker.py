@@ -83,6 +83,8 @@ def _provider(sc: dict[str, Any]) -> Any:
         "pipeline_model_parallel_size": sc["pp"],
         "virtual_pipeline_model_parallel_size": sc.get("vp"),
     }
+    if sc.get("ep"):
+        sizes["expert_model_parallel_size"] = sc["ep"]
     if sc.get("num_layers"):
         sizes["num_layers"] = sc["num_layers"]
     if "tied" in sc:
@@ -106,7 +108,7 @@ def _run(sc: dict[str, Any], rank: int, world: int, capture: _Capture) -> dict[s
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    init_cpu_distributed(sc["tp"], sc["pp"], sc.get("vp"), rank=rank, world_size=world)
+    init_cpu_distributed(sc["tp"], sc["pp"], sc.get("vp"), sc.get("ep", 1), rank=rank, world_size=world)
     selection = bfp.FreezeSelection(**sc["selection"])
     if sc.get("inject") == "unsupported":
         from megatron.bridge.models.gpt_provider import GPTModelProvider
@@ -134,6 +136,8 @@ def _run(sc: dict[str, Any], rank: int, world: int, capture: _Capture) -> dict[s
         "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
         "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
         "dp_rank": parallel_state.get_data_parallel_rank(),
+        "ep_rank": parallel_state.get_expert_model_parallel_rank(),
+        "expert": sorted(n for n, p in params if not getattr(p, "allreduce", True)),
         "n_chunks": len(chunks),
         "names": sorted(n for n, _ in params),
         "trainable": sorted(n for n, p in params if p.requires_grad),

@@ -5,7 +5,7 @@ stragglers killed) builds the tiny real Qwen3-VL through ``provide_distributed_m
 layouts, one after another in the same process group, plus error cases; each test below checks one
 layout against expectations computed here from parameter names and sizes (not with the plugin's code).
 
-Built on the CPU: DP2, TP2 (Qwen3-VL, Qwen2.5-VL), PP2 with tied and untied embeddings, PP2 x VP2
+Built on the CPU: DP2, TP2 (Qwen3-VL, Qwen2.5-VL), EP2 (Qwen3-VL-MoE), PP2 with tied and untied embeddings, PP2 x VP2
 (Qwen2.5-VL; Qwen3-VL cannot take virtual pipeline in Bridge 0.6.2 on any device, see SCENARIOS).
 PP2 with tied embeddings needs one CPU patch while building (``_dist_worker._tied_embedding_on_cpu``:
 megatron-core moves the tied weight to CUDA unconditionally); the unpatched path, and TP2 x PP2 on 4
@@ -55,6 +55,9 @@ SCENARIOS = [
     # virtual pipeline model parallel size is set" -- on any device, CPU or GPU. Qwen2.5-VL passes it on.
     {"name": "qwen25_ref_l4", "family": "qwen25_vl", "num_layers": 4, "tp": 1, "pp": 1, "selection": PROJECTION_ONLY},
     {"name": "vpp", "family": "qwen25_vl", "num_layers": 4, "tp": 1, "pp": 2, "vp": 2, "selection": PROJECTION_ONLY},
+    # Expert parallel 2 (Qwen3-VL-MoE, 4 experts): each rank holds 2 experts of every layer, dense weights whole
+    {"name": "moe_ref", "family": "qwen3_vl_moe", "tp": 1, "pp": 1, "selection": VISION_ONLY},
+    {"name": "moe_ep2", "family": "qwen3_vl_moe", "tp": 1, "pp": 1, "ep": 2, "selection": VISION_ONLY},
     # errors on one rank only
     {"name": "err_unclassified", **L4, "tp": 1, "pp": 2, "selection": VISION_ONLY, "tied": False,
      "inject": "unclassified_last_stage"},
@@ -224,6 +227,27 @@ def test_virtual_pipeline_chunks_on_cpu(runs):
     assert any(n.startswith("visual.merger.") for n in per_rank[0]["names"])
     assert not any(n.startswith("visual.") for n in per_rank[1]["names"])  # the vision tower: stage 0 only
     assert report_parts(per_rank[0]["report"]) == expected_parts(whole, "qwen25_vl", PROJECTION_ONLY)
+    assert_logged_once_by_rank0(per_rank)
+
+
+def test_expert_parallel_experts_are_summed_and_dense_weights_counted_once(runs):
+    whole = ok(runs, "moe_ref")[0]
+    per_rank = ok(runs, "moe_ep2")
+    assert [r["ep_rank"] for r in per_rank] == [0, 1]
+    expert = re.compile(r"^language_model\.decoder\.layers\.\d+\.mlp\.experts\.")
+    for r in per_rank:  # megatron-core marks the expert-parallel weights (allreduce=False)
+        assert r["expert"] == sorted(n for n in r["names"] if expert.match(n))
+    whole_experts = sum(v for n, v in whole["numel"].items() if expert.match(n))
+    local_experts = [sum(r["numel"][n] for n in r["expert"]) for r in per_rank]
+    assert whole_experts and whole_experts == 2 * local_experts[0] == 2 * local_experts[1]
+    dense = [sum(v for n, v in r["numel"].items() if n not in r["expert"]) for r in per_rank]
+    assert dense[0] == dense[1] == sum(whole["numel"].values()) - whole_experts  # replicated over EP ranks
+    for r in per_rank:  # experts are language model: they train with the vision encoder frozen
+        assert r["trainable"] == expected_trainable(r["names"], "qwen3_vl_moe", VISION_ONLY)
+        assert set(r["expert"]) <= set(r["trainable"])
+    # the model-wide report: all experts once (not one rank's half), the dense weights once (not doubled)
+    assert report_parts(per_rank[0]["report"]) == expected_parts(whole, "qwen3_vl_moe", VISION_ONLY)
+    assert per_rank[0]["report"]["total"] == sum(whole["numel"].values())
     assert_logged_once_by_rank0(per_rank)
 
 
