@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError
 from bridge_freeze_plugin.mixins.freezable import resolve_family
+from bridge_freeze_plugin.recompute import check_projection_recompute, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
 
@@ -53,8 +54,6 @@ __all__ = [
 
 #: The only strategy under which the flags are honoured (they are applied by the Bridge provider).
 MEGATRON = "megatron"
-#: ``recompute_granularity`` value meaning full activation recompute.
-FULL_RECOMPUTE = "full"
 #: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.
 _MISSPELLING_CUTOFF = 0.8
 
@@ -267,29 +266,25 @@ def _check(
         family = resolve_family(provider, selection) or family
 
     # Rule 7: the projection trains under full activation recompute on a family where that loses gradient.
-    full_keys = [k for k, v in recompute.items() if isinstance(v, str) and v.strip().lower() == FULL_RECOMPUTE]
     strategy_is_megatron = strategy is None or strategy.strip().lower() == MEGATRON
-    if family is not None and family.projection_needs_recompute_off and full_keys and strategy_is_megatron:
-        recompute_setting = " and ".join(f"{k}=full" for k in full_keys)
-        why = (
-            f"on the {family.name} family, under full activation recompute part of the vision projection "
-            "(e.g. Qwen3-VL's DeepStack mergers) gets no gradient, a known Megatron-Bridge problem (the vision "
-            "config copies the language model's recompute settings)"
+    if strategy_is_megatron and not language_model_only:
+        full_keys = [k for k, v in recompute.items() if is_full(v)]
+        flags = keys.flags
+        check_projection_recompute(
+            family,
+            selection,
+            recompute,
+            asked=_flag_list(selection, flags),
+            turn_off=" and ".join(f"{k}=null" for k in full_keys),
+            freeze_projection=f"{flags}.freeze_vision_projection=true",
         )
-        if selection.any_set and not selection.freeze_vision_projection:
-            raise InvalidFreezeConfigError(
-                f"{_flag_list(selection, keys.flags)} leaves the vision projection training while "
-                f"{recompute_setting}: {why}. Turn full recompute off ({' and '.join(f'{k}=null' for k in full_keys)}, "
-                f"or selective), or freeze the projection too ({keys.flags}.freeze_vision_projection=true)."
-            )
-        if not selection.any_set and not language_model_only:
+        if family is None and full_keys and selection.any_set and not selection.freeze_vision_projection:
             logger.warning(
-                "bridge-freeze: %s with no freeze flag set: %s. Consider turning full recompute off "
-                "(%s), or freezing the projection (%s.freeze_vision_projection=true) if it need not train.",
-                recompute_setting,
-                why,
-                " and ".join(f"{k}=null" for k in full_keys),
-                keys.flags,
+                "bridge-freeze: %s with %s, but the model family is not known from the config, so the rule "
+                "for full recompute (a Qwen3-VL-family projection loses gradient under it) is checked later, "
+                "when the provider is built. Pass provider= or family= to check it now.",
+                " and ".join(f"{k}=full" for k in full_keys),
+                _flag_list(selection, flags),
             )
     return selection
 
@@ -309,12 +304,15 @@ def validate_selection(
 
     ``provider`` (a Bridge model provider instance or class) or ``family`` (a :class:`FamilySpec`, a
     family name or a provider class name) identify the model family; the provider wins when both are
-    given. With neither, rule 5 and the recompute rule cannot apply. ``where`` is the config section
+    given. With neither, rule 5 and the recompute rule cannot apply (the provider checks both again when it
+    builds). ``recompute_granularity`` defaults to the provider's own. ``where`` is the config section
     the flags were read from, used in messages. Raises :class:`InvalidFreezeConfigError` (or
     :class:`UnsupportedFreezeFlagError` for a flag on an unsupported provider).
     """
     if not isinstance(selection, FreezeSelection):
         raise TypeError(f"selection must be a FreezeSelection, got {type(selection).__name__}")
+    if recompute_granularity is None and provider is not None:
+        recompute_granularity = getattr(provider, "recompute_granularity", None)
     keys = _Keys(
         strategy="strategy",
         language_model_only="language_model_only",

@@ -15,7 +15,8 @@ What the mixin does:
 
 - gives the provider the three ``freeze_*`` fields, defaulting to ``False`` (replacing any provider
   default: Bridge's ``Qwen3VLMoEModelProvider`` freezes LM and vision encoder by default);
-- in ``provide()``: refuses a flag on a provider whose family is not registered, BEFORE building;
+- in ``provide()``: refuses a flag on a provider whose family is not registered, and a trained
+  Qwen3-VL-family projection under full recompute (validation rule 7), BEFORE building;
   keeps Bridge's own ``model.freeze()`` from running (its gaps and per-rank prints), and applies the
   selection by registry prefix to the new chunk;
 - in ``provide_distributed_model()``: adds a pre-wrap hook, first in the chain, that (re)applies the
@@ -34,8 +35,9 @@ from bridge_freeze_plugin.distributed import collective_hook, errors_agreed, mod
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
 from bridge_freeze_plugin.freeze import apply_selection, claim_report, count_parts
 from bridge_freeze_plugin.guarantee import GuardedHookChain
+from bridge_freeze_plugin.recompute import check_projection_recompute
 from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
-from bridge_freeze_plugin.report import DefaultOverride, FreezeReport, log_report
+from bridge_freeze_plugin.report import DefaultOverride, FreezeReport, is_rank0, log_report
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
 
 ModelChunks = list[Any]
@@ -126,6 +128,37 @@ def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> F
     return family
 
 
+_RECOMPUTE_WARNED = "_bridge_freeze_recompute_warned"
+
+
+def check_recompute(provider: Any, family: FamilySpec | None, selection: FreezeSelection) -> None:
+    """Validation rule 7 on the provider's own ``recompute_granularity``, before any model is built.
+
+    Raises :class:`~bridge_freeze_plugin.errors.InvalidFreezeConfigError` when a flag is set and the
+    projection would train under full recompute on an affected family; with no flag set, warns once per
+    provider (global rank 0), never fails.
+    """
+    value = getattr(provider, "recompute_granularity", None)
+    model = model_name_of(provider)
+    asked = (f"{', '.join(f'{f}=True' for f in selection.set_flags())} on {provider_label(provider)}"
+             f"{f' (model {model})' if model else ''}")
+    warned = provider.__dict__.get(_RECOMPUTE_WARNED, False)
+    if check_projection_recompute(
+        family, selection, {"recompute_granularity": value}, asked=asked,
+        turn_off="recompute_granularity=None", freeze_projection="freeze_vision_projection=True",
+        warn=not warned and is_rank0(),
+    ):
+        provider.__dict__[_RECOMPUTE_WARNED] = True
+
+
+def check_before_build(provider: Any) -> FamilySpec | None:
+    """Everything the provider can tell before a model is built: its family (rule 5) and rule 7."""
+    selection = FreezeSelection.from_object(provider)
+    family = resolve_family(provider, selection)
+    check_recompute(provider, family, selection)
+    return family
+
+
 @contextlib.contextmanager
 def bridge_freeze_suspended(provider: Any) -> Iterator[None]:
     """Hide the flags from Bridge's own ``provide()`` so its ``model.freeze()`` does not run.
@@ -178,7 +211,7 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     if state.get(_DEPTH, 0):
         return build(*args, **kwargs)
     selection = FreezeSelection.from_object(provider)
-    family = resolve_family(provider, selection)  # fails before any model is built
+    family = check_before_build(provider)  # fails before any model is built
     distributed = state.get(_IN_DISTRIBUTED, False)  # then an error here must stop every rank
     state[_DEPTH] = 1
     try:
@@ -241,7 +274,7 @@ def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: 
     state = provider.__dict__
     if state.get(_IN_DISTRIBUTED, False):
         return build(*args, **kwargs)
-    resolve_family(provider)  # fails before any model is built
+    check_before_build(provider)  # fails before any model is built
     explicit = kwargs.pop("pre_wrap_hook", None)
     if explicit is None:
         hooks = list(getattr(provider, "_pre_wrap_hooks", None) or [])

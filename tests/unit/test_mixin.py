@@ -207,3 +207,56 @@ def test_a_deep_copied_provider_freezes_by_its_own_flags(cpu_bridge):
     names = all_names(chunks)
     assert trainable(chunks) == {n for n in names if QWEN3_PROJECTION.match(n) or n.startswith("language_model.")}
     assert original.freeze_language_model is True
+
+
+# ---- validation rule 7 on the provider's own settings, before any build ----------------------------
+
+FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def _plugin_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "bridge_freeze_plugin" and r.levelno == logging.WARNING]
+
+
+def test_full_recompute_with_a_trained_projection_raises_before_building(cpu_bridge, mocker):
+    from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider
+
+    from bridge_freeze_plugin import InvalidFreezeConfigError
+
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), FreezeSelection(freeze_vision_model=True))
+    provider.hf_model_id = "Qwen/Qwen3-VL-4B-Instruct"
+    build = mocker.spy(Qwen3VLModelProvider, "provide")
+    for call in (provider.provide, lambda: build_tiny_chunks("qwen3_vl", provider=provider)):
+        with pytest.raises(InvalidFreezeConfigError) as err:
+            call()
+        message = str(err.value)
+        for word in ("freeze_vision_model=True", "Qwen3VLModelProvider", "Qwen/Qwen3-VL-4B-Instruct",
+                     "recompute_granularity=full", "DeepStack", "recompute_granularity=None",
+                     "freeze_vision_projection=True"):
+            assert word in message, (word, message)
+    assert build.call_count == 0
+
+
+def test_full_recompute_with_the_projection_frozen_or_another_family_builds(cpu_bridge, caplog):
+    caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
+    frozen_projection = FreezeSelection(freeze_vision_projection=True)
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), frozen_projection)
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    assert trainable(model) == {n for n in all_names(model) if not QWEN3_PROJECTION.match(n)}
+    # Gemma3-VL has no DeepStack mergers: the rule does not apply
+    gemma = make_freezable(make_provider("gemma3_vl", **FULL_RECOMPUTE), PROJECTION_ONLY)
+    gemma_model = build_tiny_model("gemma3_vl", provider=gemma)
+    assert trainable(gemma_model) == {n for n in all_names(gemma_model) if n.startswith("multi_modal_projector.")}
+    assert _plugin_warnings(caplog) == []
+
+
+def test_full_recompute_with_no_flag_only_warns_once(cpu_bridge, caplog):
+    caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE))
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    assert trainable(model) == all_names(model)  # installing the plugin never breaks such a run
+    build_tiny_model("qwen3_vl", provider=provider)
+    warnings = _plugin_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "recompute_granularity=full with no freeze flag set" in warnings[0]
+    assert "freeze_vision_projection=True" in warnings[0]

@@ -327,6 +327,23 @@ def test_qwen3_full_recompute_without_flags_only_warns(layout, via, model_dirs):
         assert word.format(**LAYOUTS[layout]) in message, (word, message)
 
 
+@pytest.mark.parametrize("layout", CONFIG_LAYOUTS)
+def test_hub_id_under_full_recompute_warns_that_the_provider_will_check(layout, model_dirs):
+    """A hub id names no family offline: accepted, with a warning that the provider checks rule 7 when it builds."""
+    run = Run(model_path="Qwen/Qwen3-VL-4B-Instruct", recompute="full", flags=PROJECTION_ONLY)
+    with captured_warnings() as records:
+        assert run.validate(layout, model_dirs) == FreezeSelection(**PROJECTION_ONLY)
+    assert len(records) == 1
+    message = records[0].getMessage()
+    for word in ("{rc}=full", "{flags}.freeze_language_model=true", "not known", "when the provider is built"):
+        assert word.format(**LAYOUTS[layout]) in message, (word, message)
+    # with the projection frozen too, the rule has nothing to say
+    frozen = Run(model_path="Qwen/Qwen3-VL-4B-Instruct", recompute="full", flags=ALL_THREE, rank=8)
+    with captured_warnings() as records:
+        frozen.validate(layout, model_dirs)
+    assert records == []
+
+
 @pytest.mark.parametrize("run", [
     Run(family="qwen3_vl"),
     Run(family="qwen3_vl", recompute="selective"),
@@ -451,6 +468,8 @@ def truth(strategy: str, lmo: bool, lora: bool, sel: FreezeSelection, recompute:
     if family.removeprefix("provider:") in LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE and recompute == "full" \
             and projection_trains:        # rule 7
         return "invalid"
+    if family == "unknown" and recompute == "full" and projection_trains:
+        return "warn"                     # rule 7 cannot be checked yet: the provider checks it when it builds
     return "ok"
 
 
@@ -493,3 +512,13 @@ def test_verdict_matches_truth_table(layout, strategy, lmo, lora, sel, recompute
 def test_verdict_matches_truth_table_exhaustively_for_the_api(model_dirs):
     for combo in itertools.product(STRATEGIES, (False, True), (False, True), SELECTIONS, RECOMPUTE, FAMILIES):
         assert verdict("api", *combo, model_dirs) == truth(*combo), combo
+
+
+def test_api_reads_full_recompute_from_the_provider():
+    provider = fake_provider("qwen3_vl")
+    provider.recompute_granularity = "full"
+    with pytest.raises(InvalidFreezeConfigError, match=r"recompute_granularity=full.*DeepStack"):
+        validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider)
+    # an explicit argument still wins
+    assert validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider,
+                              recompute_granularity="selective") == FreezeSelection(**PROJECTION_ONLY)
