@@ -10,7 +10,9 @@ provider default", and other hooks such as plain LoRA decide):
 
 - a parameter of a frozen part must be frozen; one of a trained part must be trainable;
 - a parameter a hook added (LoRA adapters) may train in a frozen part only when all three parts are
-  frozen: LoRA over a frozen model, the one LoRA case validation accepts.
+  frozen: LoRA over a frozen model, the one LoRA case validation accepts. A new tensor under the name of
+  a base parameter (a hook that replaced the weight; PEFT's ``to_wrap`` segment ignored) is not an
+  adapter: it is the base weight, and must be frozen in a frozen part.
 
 (All three frozen with no adapter trains nothing; that is what was asked, and config validation is
 where it is refused.)
@@ -31,15 +33,22 @@ Hook = Callable[[list[Any]], Any]
 _SHOWN = 12
 
 
-class FreezeGuaranteeError(BridgeFreezeError, RuntimeError):
-    """After the pre-wrap hooks ran, the trainable parameters are not what the selection promised."""
-
-
 @dataclass(frozen=True)
 class Violation:
     name: str
     requires_grad: bool
     why: str
+
+
+class FreezeGuaranteeError(BridgeFreezeError, RuntimeError):
+    """After the pre-wrap hooks ran, the trainable parameters are not what the selection promised.
+
+    ``violations`` lists every disagreeing parameter (the message shows the first few).
+    """
+
+    def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
+        super().__init__(message)
+        self.violations: tuple[Violation, ...] = tuple(violations)
 
 
 def hook_name(hook: Any) -> str:
@@ -55,12 +64,30 @@ def _expected(part: Part | None, selection: FreezeSelection) -> bool | None:
     return part not in selection.frozen_parts()
 
 
-def snapshot(model: Any) -> set[int]:
-    """Identities of the parameters present now (after the plugin's own freeze)."""
-    return {id(p) for _, _, p in iter_named_parameters(as_chunks(model))}
+#: Module names that PEFT wrappers insert in a wrapped parameter's name (Bridge's LoRA keeps the base
+#: linear as ``<target>.to_wrap``): ``a.linear_qkv.to_wrap.weight`` is the base ``a.linear_qkv.weight``.
+WRAPPER_SEGMENTS = frozenset({"to_wrap"})
 
 
-def violations(model: Any, family: FamilySpec, selection: FreezeSelection, base: set[int]) -> list[Violation]:
+def base_name(name: str) -> str:
+    """``name`` without the segments PEFT wrappers insert."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The parameters present after the plugin's own freeze: their identities and (base) names."""
+
+    ids: frozenset[int]
+    names: frozenset[str]
+
+
+def snapshot(model: Any) -> Snapshot:
+    params = [(name, p) for _, name, p in iter_named_parameters(as_chunks(model))]
+    return Snapshot(frozenset(id(p) for _, p in params), frozenset(base_name(n) for n, _ in params))
+
+
+def violations(model: Any, family: FamilySpec, selection: FreezeSelection, base: Snapshot) -> list[Violation]:
     if not selection.any_set:
         return []
     found: list[Violation] = []
@@ -72,11 +99,14 @@ def violations(model: Any, family: FamilySpec, selection: FreezeSelection, base:
         expected = _expected(family.classify(name), selection)
         if expected is None or param.requires_grad == expected:
             continue
-        added = id(param) not in base
-        if added and param.requires_grad and selection.all_set:
+        added = id(param) not in base.ids
+        replaced = added and base_name(name) in base.names  # a new tensor under a base parameter's name
+        if added and not replaced and param.requires_grad and selection.all_set:
             continue  # an adapter over a fully frozen model (LoRA, all three flags)
         if param.requires_grad:
-            why = "added by a hook and trains in a frozen part" if added else "trains, but its part is frozen"
+            why = ("replaced by a hook and trains in a frozen part" if replaced
+                   else "added by a hook and trains in a frozen part" if added
+                   else "trains, but its part is frozen")
         else:
             why = "is frozen, but its part was selected to train"
         found.append(Violation(name, bool(param.requires_grad), why))
@@ -131,7 +161,7 @@ class GuardedHookChain:
         out = self.before(model)
         model = model if out is None else out
         ctx = self.context()
-        base = snapshot(model) if ctx else set()
+        base = snapshot(model) if ctx else Snapshot(frozenset(), frozenset())
         culprit: str | None = None
         for hook in self.hooks:
             out = hook(model)
@@ -142,7 +172,7 @@ class GuardedHookChain:
             family, selection, label = ctx
             found = violations(model, family, selection, base)
             if found:
-                raise FreezeGuaranteeError(describe(found, selection, label, family, culprit))
+                raise FreezeGuaranteeError(describe(found, selection, label, family, culprit), found)
         if self.after is not None:
             self.after(model)
         return model

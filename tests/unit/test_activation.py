@@ -186,6 +186,58 @@ def test_plain_lora_without_flags_is_left_to_lora(cpu_bridge):
     assert trainable == {n for n, _ in chunk.named_parameters() if ADAPTER.search(n)}
 
 
+def test_lora_wrapped_base_weights_are_checked_under_their_to_wrap_names(cpu_bridge):
+    """LoRA renames a wrapped base weight to ``<target>.to_wrap.weight``: it is still the language model."""
+    provider = make_freezable(make_provider("qwen3_vl"), FreezeSelection(freeze_vision_model=True))
+    provider.register_pre_wrap_hook(_lora())
+    with pytest.raises(FreezeGuaranteeError) as err:
+        build_tiny_chunks("qwen3_vl", provider=provider)
+    found = {v.name: v.why for v in err.value.violations}
+    wrapped = "language_model.decoder.layers.0.self_attention.linear_qkv.to_wrap.weight"
+    assert found[wrapped] == "is frozen, but its part was selected to train"
+    # every wrapped base weight is reported; of the frozen vision encoder, only LoRA's adapters (which train)
+    encoder = {n: why for n, why in found.items() if n.startswith("vision_model.") and not QWEN3_PROJECTION.match(n)}
+    assert encoder and all(ADAPTER.search(n) and why == "added by a hook and trains in a frozen part"
+                           for n, why in encoder.items()), encoder
+    assert {n for n in found if ".to_wrap." in n} == {
+        f"language_model.decoder.layers.{i}.self_attention.linear_qkv.to_wrap.{w}" for i in range(2)
+        for w in ("weight", "bias")}
+    assert len(found) == len(err.value.violations) > 12  # the message shows 12; the error holds all
+
+
+def test_plain_lora_on_a_stock_moe_provider_trains_only_adapters(cpu_bridge):
+    """Qwen3-VL-MoE's instance says freeze LM + vision (Bridge's defaults); the written config (no flag) wins."""
+    stock = make_provider("qwen3_vl_moe", freeze_language_model=True, freeze_vision_model=True)
+    provider = make_freezable(stock)  # the user's config: no flag set
+    assert (provider.freeze_language_model, provider.freeze_vision_model) == (False, False)
+    provider.register_pre_wrap_hook(_lora())
+    (chunk,) = build_tiny_chunks("qwen3_vl_moe", provider=provider)
+    trainable = {n for n, p in chunk.named_parameters() if p.requires_grad}
+    assert trainable and trainable == {n for n, _ in chunk.named_parameters() if ADAPTER.search(n)}
+
+
+def _replace_first_qkv_weight(model):
+    """A hook that swaps a frozen base weight for a new, trainable tensor of the same name."""
+    import torch
+
+    attention = model[0].language_model.decoder.layers[0].self_attention.linear_qkv
+    attention.weight = torch.nn.Parameter(attention.weight.detach().clone(), requires_grad=True)
+    return model
+
+
+@pytest.mark.parametrize("selection", [FreezeSelection(True, True, True), FreezeSelection(True, False, False)],
+                         ids=["all-three", "language-model"])
+def test_a_hook_that_replaces_a_frozen_weight_is_not_an_adapter(cpu_bridge, selection):
+    provider = make_freezable(make_provider("qwen3_vl"), selection)
+    provider.register_pre_wrap_hook(_replace_first_qkv_weight)
+    with pytest.raises(FreezeGuaranteeError) as err:
+        build_tiny_chunks("qwen3_vl", provider=provider)
+    message = str(err.value)
+    assert ("language_model.decoder.layers.0.self_attention.linear_qkv.weight "
+            "(replaced by a hook and trains in a frozen part)") in message, message
+    assert "_replace_first_qkv_weight" in message
+
+
 def test_a_hook_that_unfreezes_is_named(cpu_bridge):
     def sneaky_unfreeze(model):
         for chunk in model:
