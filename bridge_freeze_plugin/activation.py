@@ -34,7 +34,7 @@ from bridge_freeze_plugin.mixins.freezable import (
     provide_distributed_frozen,
     provide_frozen,
 )
-from bridge_freeze_plugin.registry import REGISTRY, load_entry_point_families
+from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, load_entry_point_families
 from bridge_freeze_plugin.selection import FLAGS
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -71,9 +71,22 @@ def watch_registered_providers() -> None:
     """Patch each registered provider class now or as soon as its module is imported."""
     load_entry_point_families()
     for spec in REGISTRY:
-        for path in spec.providers:
-            module, _, qualname = path.partition(":")
-            POST_IMPORT.watch(module, functools.partial(_patch_from_module, qualname=qualname))
+        _watch(spec)
+
+
+def _watch(spec: FamilySpec) -> None:
+    for path in spec.providers:
+        module, _, qualname = path.partition(":")
+        POST_IMPORT.watch(module, functools.partial(_patch_from_module, qualname=qualname))
+
+
+def _on_register(spec: FamilySpec) -> None:
+    """A family registered while the plugin is active (in code, or by an entry point) is patched too."""
+    if _ACTIVE:
+        _watch(spec)
+
+
+REGISTRY.subscribe(_on_register)
 
 
 def deactivate() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,6 +169,13 @@ class FamilyRegistry:
         self._families: dict[str, FamilySpec] = {}
         self._by_provider: dict[str, FamilySpec] = {}
         self._lock = threading.RLock()
+        self._listeners: list[Callable[[FamilySpec], None]] = []
+
+    def subscribe(self, listener: Callable[[FamilySpec], None]) -> None:
+        """Call ``listener(spec)`` after each later registration (activation patches new providers)."""
+        with self._lock:
+            if listener not in self._listeners:
+                self._listeners.append(listener)
 
     def register(self, spec: FamilySpec) -> FamilySpec:
         with self._lock:
@@ -187,7 +194,10 @@ class FamilyRegistry:
             self._families[spec.name] = spec
             for path in spec.providers:
                 self._by_provider[path] = spec
-            return spec
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(spec)
+        return spec
 
     def unregister(self, name: str) -> FamilySpec:
         with self._lock:

@@ -148,6 +148,36 @@ def test_activate_is_idempotent_and_deactivate_restores(cpu_bridge):
     assert getattr(MoE.provide, "__bridge_freeze_wrapped__", None) is not None
 
 
+def test_a_family_registered_in_code_after_activation_is_patched(cpu_bridge):
+    """register_family() while active patches the new family's provider: its flags are honoured."""
+    from megatron.bridge.models.ministral3.ministral3_provider import Ministral3ModelProvider as Provider
+
+    spec = bfp.REGISTRY.unregister("ministral3")
+    try:
+        bfp.deactivate()
+        bfp.activate()  # ministral3 is not registered now, so its provider is not patched
+        assert getattr(Provider.provide, "__bridge_freeze_wrapped__", None) is None
+        bfp.register_family(
+            "ministral3", providers=spec.providers, language_model=spec.language_model,
+            vision_model=spec.vision_model, vision_projection=spec.vision_projection, source="test",
+        )
+        assert getattr(Provider.provide, "__bridge_freeze_wrapped__", None) is not None
+        provider = make_provider("ministral3")  # a plain Bridge provider: no make_freezable
+        provider.freeze_language_model = True
+        names, trainable = _names_and_trainable(build_tiny_chunks("ministral3", provider=provider))
+        assert trainable == {n for n in names if not n.startswith("language_model.")} != names
+    finally:
+        bfp.REGISTRY.unregister("ministral3")
+        bfp.REGISTRY.register(spec)
+        bfp.deactivate()
+        bfp.activate()
+
+
+def _names_and_trainable(chunks):
+    params = [(n, p) for c in chunks for n, p in c.named_parameters()]
+    return {n for n, _ in params}, {n for n, p in params if p.requires_grad}
+
+
 # ---------------------------------------------------------------------------------------------
 # The build-time guarantee, with Bridge's real LoRA as a pre-wrap hook.
 # ---------------------------------------------------------------------------------------------
