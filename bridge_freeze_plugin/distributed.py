@@ -208,6 +208,7 @@ def store_report(provider: Any, report: FreezeReport) -> None:
 
 
 def last_report(provider: Any) -> FreezeReport | None:
-    """The model-wide report of the provider's last ``provide_distributed_model()`` (same on every rank)."""
+    """The report of the provider's last build: model-wide after ``provide_distributed_model()`` (the same
+    on every rank), the built chunk's after a plain ``provide()``; ``None`` before any build."""
     report = provider.__dict__.get(REPORT_ATTR)
     return report if isinstance(report, FreezeReport) else None

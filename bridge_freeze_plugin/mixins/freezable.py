@@ -222,8 +222,10 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     if family is not None:
         with errors_agreed(distributed):
             report = _apply(provider, model, family, selection)
-        if not distributed and claim_report(model):
-            log_report(report)
+        if not distributed:  # (provide_distributed_model stores and logs the model-wide report)
+            store_report(provider, report)
+            if claim_report(model):
+                log_report(report)
     return model
 
 

@@ -260,3 +260,18 @@ def test_full_recompute_with_no_flag_only_warns_once(cpu_bridge, caplog):
     assert len(warnings) == 1, warnings
     assert "recompute_granularity=full with no freeze flag set" in warnings[0]
     assert "freeze_vision_projection=True" in warnings[0]
+
+
+def test_last_report_after_a_plain_provide(cpu_bridge):
+    """The structured report is kept on the provider after provide() too, not only provide_distributed_model()."""
+    from bridge_freeze_plugin import last_report
+
+    provider = make_provider("qwen3_vl")  # a plain (activation-patched) Bridge provider
+    provider.freeze_language_model = True
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    report = last_report(provider)
+    assert report is not None and report.selection == FreezeSelection(freeze_language_model=True)
+    rows = {row.part: row for row in report.parts}
+    lm = {n: p.numel() for n, p in model.named_parameters() if n.startswith("language_model.")}
+    assert (rows[Part.LANGUAGE_MODEL].trainable, rows[Part.LANGUAGE_MODEL].total) == (0, sum(lm.values()))
+    assert rows[Part.VISION_MODEL].trainable == rows[Part.VISION_MODEL].total > 0
