@@ -35,6 +35,7 @@ from bridge_freeze_plugin.mixins.freezable import (
     provide_frozen,
 )
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, load_entry_point_families
+from bridge_freeze_plugin.report import is_rank0
 from bridge_freeze_plugin.selection import FLAGS
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -118,7 +119,8 @@ def _patch_from_module(module: ModuleType, qualname: str) -> None:
     for attr in qualname.split("."):
         obj = getattr(obj, attr, None)
         if obj is None:
-            logger.warning("bridge-freeze: %s has no %s; that provider is not patched", module.__name__, qualname)
+            if is_rank0():
+                logger.warning("bridge-freeze: %s has no %s; that provider is not patched", module.__name__, qualname)
             return
     patch_provider_class(obj)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
+from bridge_freeze_plugin.report import is_rank0
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
 
 #: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
@@ -363,6 +364,8 @@ def load_entry_point_families(*, force: bool = False) -> list[FamilySpec]:
                     continue
                 registered.append(REGISTRY.register(spec))
         except Exception as exc:  # noqa: BLE001 - a third-party bug must not take the run down
+            if not is_rank0():  # every rank skips it; rank 0 says so
+                continue
             warnings.warn(
                 f"bridge-freeze-plugin: the family entry point {ep.name!r} of distribution {dist!r} "
                 f"({ep.value}) failed and was skipped: {exc}",

@@ -37,6 +37,7 @@ from bridge_freeze_plugin.errors import InvalidFreezeConfigError
 from bridge_freeze_plugin.mixins.freezable import resolve_family
 from bridge_freeze_plugin.recompute import check_projection_recompute, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
+from bridge_freeze_plugin.report import is_rank0
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -277,8 +278,10 @@ def _check(
             asked=_flag_list(selection, flags),
             turn_off=" and ".join(f"{k}=null" for k in full_keys),
             freeze_projection=f"{flags}.freeze_vision_projection=true",
+            warn=is_rank0(),
         )
-        if family is None and full_keys and selection.any_set and not selection.freeze_vision_projection:
+        unknown = family is None and full_keys and selection.any_set and not selection.freeze_vision_projection
+        if unknown and is_rank0():
             logger.warning(
                 "bridge-freeze: %s with %s, but the model family is not known from the config, so the rule "
                 "for full recompute (a Qwen3-VL-family projection loses gradient under it) is checked later, "

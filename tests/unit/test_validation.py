@@ -522,3 +522,18 @@ def test_api_reads_full_recompute_from_the_provider():
     # an explicit argument still wins
     assert validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider,
                               recompute_granularity="selective") == FreezeSelection(**PROJECTION_ONLY)
+
+
+def test_warnings_come_from_global_rank_0_only(monkeypatch, model_dirs):
+    run = Run(family="qwen3_vl", recompute="full")
+    hub = Run(model_path="Qwen/Qwen3-VL-4B-Instruct", recompute="full", flags=PROJECTION_ONLY)
+    monkeypatch.setenv("RANK", "1")  # as torchrun sets it (no process group in this test)
+    with captured_warnings() as records:
+        run.validate("sft", model_dirs)
+        hub.validate("sft", model_dirs)
+    assert records == []
+    monkeypatch.setenv("RANK", "0")
+    with captured_warnings() as records:
+        run.validate("sft", model_dirs)
+        hub.validate("sft", model_dirs)
+    assert len(records) == 2
