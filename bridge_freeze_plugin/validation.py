@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.errors import InvalidFreezeConfigError
+from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError
 from bridge_freeze_plugin.mixins.freezable import resolve_family
 from bridge_freeze_plugin.recompute import check_projection_recompute, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
@@ -168,6 +168,7 @@ def read_selection(section: Mapping[str, Any] | None, *, where: str = "megatron_
     if not isinstance(section, Mapping):
         raise InvalidFreezeConfigError(f"{where} must be a mapping of settings, got {section!r}")
     problems: list[str] = []
+    type_only = True  # every problem is a non-bool value: FreezeFlagTypeError, as from the API
     values: dict[str, bool] = {}
     for key, value in section.items():
         key_str = str(key)
@@ -182,12 +183,13 @@ def read_selection(section: Mapping[str, Any] | None, *, where: str = "megatron_
             continue
         close = difflib.get_close_matches(key_str.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
         if close:
+            type_only = False
             problems.append(
                 f"{where}.{key_str} is not a freeze flag; did you mean {where}.{close[0]}? "
                 f"(the flags are {', '.join(FLAGS)})"
             )
     if problems:
-        raise InvalidFreezeConfigError(_join(problems))
+        raise (FreezeFlagTypeError if type_only else InvalidFreezeConfigError)(_join(problems))
     return FreezeSelection(**values)
 
 

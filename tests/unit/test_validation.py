@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from omegaconf import DictConfig
 
 from bridge_freeze_plugin import FLAGS, FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.errors import BridgeFreezeError
+from bridge_freeze_plugin.errors import BridgeFreezeError, FreezeFlagTypeError
 from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.validation import (
     LoraSettings,
@@ -215,18 +215,18 @@ REJECTED = [
            Run(provider=fake_provider("qwen3_vl"), recompute="full", flags={"freeze_vision_model": True}),
            InvalidFreezeConfigError, ("{rc}=full", "qwen3_vl", "DeepStack")),
     # Rule 8: real booleans only, and misspelt flags.
-    Reject("r8-int", Run(flags={"freeze_vision_model": 1}), InvalidFreezeConfigError,
+    Reject("r8-int", Run(flags={"freeze_vision_model": 1}), FreezeFlagTypeError,
            ("{flags}.freeze_vision_model must be a boolean", "'1'", "{flags}.freeze_vision_model=true"),
            layouts=CONFIG_LAYOUTS),
-    Reject("r8-string", Run(flags={"freeze_language_model": "yes please"}), InvalidFreezeConfigError,
+    Reject("r8-string", Run(flags={"freeze_language_model": "yes please"}), FreezeFlagTypeError,
            ("{flags}.freeze_language_model must be a boolean", "yes please"), layouts=CONFIG_LAYOUTS),
-    Reject("r8-null", Run(flags={"freeze_vision_projection": None}), InvalidFreezeConfigError,
+    Reject("r8-null", Run(flags={"freeze_vision_projection": None}), FreezeFlagTypeError,
            ("{flags}.freeze_vision_projection must be a boolean", "null"), layouts=CONFIG_LAYOUTS),
     Reject("r8-misspelt", Run(extra={"freeze_vison_model": True}), InvalidFreezeConfigError,
            ("{flags}.freeze_vison_model", "did you mean {flags}.freeze_vision_model"), layouts=CONFIG_LAYOUTS),
     Reject("r8-misspelt-ref", Run(ref={"freeze_languge_model": False}), InvalidFreezeConfigError,
            ("{ref}.freeze_languge_model", "did you mean {ref}.freeze_language_model"), layouts=("rl",)),
-    Reject("r8-ref-not-bool", Run(ref={"freeze_vision_model": "nah"}), InvalidFreezeConfigError,
+    Reject("r8-ref-not-bool", Run(ref={"freeze_vision_model": "nah"}), FreezeFlagTypeError,
            ("{ref}.freeze_vision_model must be a boolean",), layouts=("rl",)),
     # Neighbouring settings used by the rules must be well-formed once a flag is set.
     Reject("bad-lora-rank-with-flag", Run(rank="eight", flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
@@ -247,6 +247,7 @@ def test_rejected(case: Reject, layout: str, model_dirs):
     with pytest.raises(case.error) as info:
         case.run.validate(layout, model_dirs)
     message = str(info.value)
+    assert type(info.value) is case.error  # the exact type, not only a subclass of it
     assert isinstance(info.value, BridgeFreezeError)
     for word in case.words:
         assert word.format(**LAYOUTS[layout]) in message, (word, message)
