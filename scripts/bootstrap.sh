@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${BRIDGE_FREEZE_VENV:-.venv}"
-REQS=(requirements/base.txt requirements/megatron.txt requirements/dev.txt pyproject.toml setup.py bridge_freeze_plugin.pth)
+REQS=(requirements/constraints.txt requirements/base.txt requirements/megatron.txt requirements/dev.txt pyproject.toml setup.py bridge_freeze_plugin.pth)
 want="$(cat "${REQS[@]}" scripts/bootstrap.sh | sha256sum | cut -c1-16)"
 stamp="$VENV/.bridge-freeze-stamp"
 
@@ -39,11 +39,13 @@ echo "bootstrap: building $VENV with $PY (first run: a few minutes, about 3 GB o
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install -r requirements/base.txt -r requirements/dev.txt
+# Every version comes from requirements/constraints.txt (the other requirements files only name packages).
+CONSTRAINTS=(-c requirements/constraints.txt)
+"${PIP[@]}" install "${CONSTRAINTS[@]}" -r requirements/base.txt -r requirements/dev.txt
 # The full megatron-bridge / megatron-core dependency trees do not install without CUDA; what they
 # import for building and training models is in base.txt. See README, "Set-up".
-"${PIP[@]}" install --no-deps -r requirements/megatron.txt
-"${PIP[@]}" install --no-deps --no-build-isolation -e .
+"${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps -r requirements/megatron.txt
+"${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps --no-build-isolation -e .
 # A wheel install puts bridge_freeze_plugin.pth (the autoload line) into site-packages; an editable
 # install does not ship it, so put it there as the wheel would.
 cp bridge_freeze_plugin.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
