@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import subprocess
@@ -128,6 +129,45 @@ def test_autobridge_made_provider_honours_the_flags(cpu_bridge):
     provider.freeze_vision_model = "yes"  # not a bool: refused before anything is built
     with pytest.raises(TypeError, match="freeze_vision_model must be a bool"):
         provider.provide()
+
+
+def _tiny_hf_qwen3_vl_moe_config():
+    """A tiny HF Qwen3-VL-MoE config, the sizes of the project's tiny Qwen3-VL-MoE (no hub access)."""
+    from transformers import Qwen3VLMoeConfig
+
+    from bridge_freeze_testing.tiny.qwen3_vl import TINY_VISION
+
+    text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+            "num_experts_per_tok": 2, "vocab_size": 128,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}
+    return Qwen3VLMoeConfig(architectures=["Qwen3VLMoeForConditionalGeneration"], text_config=text,
+                            vision_config={**TINY_VISION, "deepstack_visual_indexes": [0, 1]})
+
+
+def test_autobridge_made_provider_builds_what_was_asked(cpu_bridge, caplog):
+    from megatron.bridge import AutoBridge
+
+    from bridge_freeze_testing.tiny._common import TINY_LM
+    from bridge_freeze_testing.tiny.qwen3_vl_moe import TINY_MOE
+
+    provider = AutoBridge.from_hf_config(_tiny_hf_qwen3_vl_moe_config()).to_megatron_provider(load_weights=False)
+    # CPU-only settings (float32, no fused kernels, a dispatcher that needs no CUDA stream); sizes from the HF config
+    for key in ("params_dtype", "bf16", "fp16", "gradient_accumulation_fusion", "bias_activation_fusion",
+                "bias_dropout_fusion", "masked_softmax_fusion", "persist_layer_norm", "apply_rope_fusion"):
+        setattr(provider, key, TINY_LM[key])
+    for key in ("moe_grouped_gemm", "moe_permute_fusion", "moe_token_dispatcher_type"):
+        setattr(provider, key, TINY_MOE[key])
+    provider.finalize()
+    provider.freeze_vision_model = True  # as a config override would: nothing else is touched
+    caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
+    (chunk,) = build_tiny_chunks("qwen3_vl_moe", provider=provider)
+    names = {n for n, _ in chunk.named_parameters()}
+    vision_encoder = {n for n in names if n.startswith("vision_model.") and not QWEN3_PROJECTION.match(n)}
+    assert vision_encoder and any(".mlp.experts." in n for n in names)  # the MoE model, vision tower included
+    assert {n for n, p in chunk.named_parameters() if p.requires_grad} == names - vision_encoder
+    report = "\n".join(r.getMessage() for r in caplog.records if r.name == "bridge_freeze_plugin")
+    assert "provider defaults overridden: freeze_language_model=True replaced by False" in report
 
 
 def test_activate_is_idempotent_and_deactivate_restores(cpu_bridge):
