@@ -12,8 +12,9 @@ Sub-commands:
 - ``check-config FILE [--rl] [key=value ...]``: validate a training config
   (:mod:`bridge_freeze_plugin.validation`) and print the effective selection; exit 2 when invalid.
 
-Errors are one readable line and a non-zero exit (a traceback only with ``--debug``). The ``--json``
-documents are described in ``docs/cli.md``.
+Errors are one readable line and a non-zero exit (a traceback only with ``--debug``); usage errors
+(a bad option or value, caught by argparse) too: ``bridge-freeze plan: error: ... (see bridge-freeze
+plan --help)``, exit 2, no usage block. The ``--json`` documents are described in ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.registry import REGISTRY, list_families
@@ -353,6 +354,41 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit 2 (no usage block).
+
+    ``add_subparsers`` makes the sub-parsers of the same class, so every sub-command reports the same
+    way, under its own name: ``bridge-freeze plan: error: ... (see bridge-freeze plan --help)``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+
+def _bounded_int(minimum: int, maximum: int | None = None, *, maximum_text: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [minimum, maximum], else a usage error at parse time."""
+    if maximum is None:
+        what = f"an integer >= {minimum}"
+    else:
+        what = f"an integer from {minimum} to {maximum_text or maximum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+#: torch.manual_seed takes up to 2**64 - 1; negative seeds are refused rather than wrapped.
+_MAX_SEED = 2**64 - 1
+
+
 def _add_selection_flags(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:
     title = "selection (default for demo: projection only)" if demo else "selection (default: train everything)"
     group = parser.add_argument_group(title)
@@ -374,7 +410,7 @@ def _logging_flags(parser: argparse.ArgumentParser, *, sub: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bridge-freeze",
         description="Choose which parts of a Megatron-Bridge VLM train (language model, vision encoder, projection).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -390,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fam.add_argument("--json", action="store_true", help="machine-readable output")
     _logging_flags(fam, sub=True)
-    fam.set_defaults(func=cmd_families)
+    fam.set_defaults(func=cmd_families, parser=fam)
 
     demo = sub.add_parser(
         "demo", help="train a tiny real Bridge VLM on the CPU with a selection, and check what changed",
@@ -399,11 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
                "  bridge-freeze demo qwen25_vl --freeze-vision-model --steps 3",
     )
     demo.add_argument("model", nargs="?", default="qwen3_vl", help="family to build (default qwen3_vl)")
-    demo.add_argument("--steps", type=int, default=5, help="AdamW steps (default 5)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--steps", type=_bounded_int(1), default=5, help="AdamW steps, at least 1 (default 5)")
+    demo.add_argument("--seed", type=_bounded_int(0, _MAX_SEED, maximum_text="2**64 - 1"), default=0,
+                      help="random seed for the weights and the synthetic batch (default 0)")
     _add_selection_flags(demo)
     _logging_flags(demo, sub=True)
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, parser=demo)
 
     plan = sub.add_parser(
         "plan", help="build the real Bridge model on the meta device: parameters and memory per part",
@@ -439,12 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--state-dtype", choices=dtypes, default="fp32",
                      help="optimizer state tensors (default fp32); an fp32 master copy is added "
                           "unless --param-dtype fp32")
-    est.add_argument("--dp-size", type=int, default=1,
-                     help="data-parallel ranks the distributed optimizer shards optimizer state over (default 1)")
+    est.add_argument("--dp-size", type=_bounded_int(1), default=1,
+                     help="data-parallel ranks the distributed optimizer shards optimizer state over, "
+                          "at least 1 (default 1)")
     plan.add_argument("--json", action="store_true",
                       help="machine-readable output, including every parameter (schema: docs/cli.md)")
     _logging_flags(plan, sub=True)
-    plan.set_defaults(func=cmd_plan)
+    plan.set_defaults(func=cmd_plan, parser=plan)
 
     check = sub.add_parser(
         "check-config", help="validate a training config's freeze flags and print the effective selection",
@@ -459,12 +497,14 @@ def build_parser() -> argparse.ArgumentParser:
                "The config layouts and rules are in docs/configuration.md.",
     )
     check.add_argument("file", metavar="FILE", help="the training config (YAML)")
-    check.add_argument("overrides", metavar="KEY=VALUE", nargs="*", help="dotted overrides merged over FILE")
+    # default=[]: without a default, argparse (< 3.13) lists a nargs="*" positional as required in errors.
+    check.add_argument("overrides", metavar="KEY=VALUE", nargs="*", default=[],
+                       help="dotted overrides merged over FILE")
     check.add_argument("--rl", action="store_true", help="RL layout (trainer.strategy, trainer.policy.*)")
     check.add_argument("--family", help="the model family (name or provider class), if model.path does not tell")
     check.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/cli.md)")
     _logging_flags(check, sub=True)
-    check.set_defaults(func=cmd_check_config)
+    check.set_defaults(func=cmd_check_config, parser=check)
     return parser
 
 
@@ -484,8 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # check-config's KEY=VALUE overrides may come after its options (FILE --rl a.b=c).
         if args.command == "check-config" and not any(e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        else:  # reported by the sub-command's parser, under its name
+            args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     level = logging.DEBUG if args.debug else getattr(logging, str(args.log_level).upper(), logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

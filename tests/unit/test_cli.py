@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,40 @@ def test_families_json_lists_every_builtin_with_its_prefixes():
     ]
     assert families["glm45v"]["vision_model"] == ["visual"]
     assert families["gemma4_vl"]["other"] == ["audio_tower", "embed_audio"]
+
+
+DOCS_CLI = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+JSON_TYPES = {"str": str, "bool": bool, "list[str]": list, "list[object]": list}
+
+
+def _documented_keys(heading: str) -> dict[str, str]:
+    """The key -> type table under one ``### heading`` of docs/cli.md (up to the next heading)."""
+    text = DOCS_CLI.read_text()
+    assert heading in text, heading
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+?) \|", section, flags=re.MULTILINE)
+    return dict(rows)
+
+
+def test_families_json_keys_are_exactly_the_documented_ones():
+    documented = _documented_keys("### `families --json`")
+    top = {k for k in documented if "[]." not in k}
+    per_family = {k.split("[].", 1)[1]: t for k, t in documented.items() if k.startswith("families[].")}
+    assert top == {"families"} and per_family  # the table was found and read
+
+    out = run("families", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) == top
+    assert out.stdout.strip() == json.dumps(doc, indent=2, sort_keys=True)
+    names = [f["name"] for f in doc["families"]]
+    assert names == sorted(names) and len(names) >= 10
+    for family in doc["families"]:
+        assert set(family) == set(per_family), (family["name"], set(family) ^ set(per_family))
+        for key, type_name in per_family.items():
+            assert isinstance(family[key], JSON_TYPES[type_name]), (family["name"], key, type_name)
+            if type_name == "list[str]":
+                assert all(isinstance(item, str) for item in family[key]), (family["name"], key)
 
 
 def test_help_of_every_subcommand_has_examples():
@@ -59,6 +94,46 @@ def test_demo_failure_paths_are_one_line_and_nonzero():
     assert "Traceback" not in out.stderr
     out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection")
     assert out.returncode == 2 and "nothing would train" in out.stderr
+
+
+@pytest.mark.parametrize("steps", ["0", "-1", "two"])
+def test_demo_steps_below_one_fail_at_parse_time(steps):
+    out = run("demo", "--steps", steps)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr == (f"bridge-freeze demo: error: argument --steps: must be an integer >= 1, got {steps!r} "
+                          "(see bridge-freeze demo --help)\n")
+    assert out.stdout == ""  # refused before any model was built (the build prints its report on stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# usage errors, from every parser
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "prog", "message"),
+    [
+        (("plan", "qwen3_vl", "--tiny", "--param-dtype", "int8"), "bridge-freeze plan",
+         "argument --param-dtype: invalid choice: 'int8'"),
+        (("plan", "qwen3_vl", "--tiny", "--hf-config", "x"), "bridge-freeze plan",
+         "argument --hf-config: not allowed with argument --tiny"),
+        (("demo", "--seed", "-1"), "bridge-freeze demo", "argument --seed: must be an integer from 0 to 2**64 - 1"),
+        (("families", "--bogus"), "bridge-freeze families", "unrecognized arguments: --bogus"),
+        (("check-config",), "bridge-freeze check-config", "the following arguments are required: FILE"),
+        (("check-config", "x.yaml", "--log-level", "loud"), "bridge-freeze check-config",
+         "argument --log-level: invalid choice: 'LOUD'"),
+        (("no-such-command",), "bridge-freeze", "argument command: invalid choice: 'no-such-command'"),
+        ((), "bridge-freeze", "the following arguments are required: command"),
+    ],
+)
+def test_usage_errors_are_one_line_without_the_usage_block(args, prog, message):
+    out = run(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"{prog}: error: {message}"), lines[0]
+    assert lines[0].endswith(f"(see {prog} --help)")
+    assert "usage:" not in out.stderr and out.stdout == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,12 +229,12 @@ QWEN3_VL_30B_A3B = {
 }
 
 
-def test_plan_full_size_qwen3_vl_30b_a3b_in_under_a_minute_and_4_gb(tmp_path):
+def test_plan_full_size_qwen3_vl_30b_a3b_under_4_gb(tmp_path):
+    # No time bound here (timed tests are not allowed): benchmarks/plan.py measures the time.
     folder = tmp_path / "Qwen3-VL-30B-A3B-Instruct"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN3_VL_30B_A3B))
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
-        started = time.perf_counter()
         proc = subprocess.Popen(
             # No MODEL: the family comes from the config (Bridge converts it to Qwen3VLMoEModelProvider).
             [EXE, "plan", "--hf-config", str(folder), "--freeze-language-model", "--dp-size", "8", "--json"],
@@ -167,13 +242,11 @@ def test_plan_full_size_qwen3_vl_30b_a3b_in_under_a_minute_and_4_gb(tmp_path):
         )
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS, not the test session's
         proc.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - started
         stdout.seek(0)
         stderr.seek(0)
         text, errors = stdout.read(), stderr.read()
     assert proc.returncode == 0, errors
     peak_gb = usage.ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB on Linux
-    assert seconds < 60, f"plan took {seconds:.1f} s"
     assert peak_gb < 4, f"plan peaked at {peak_gb:.2f} GB"
 
     doc = json.loads(text)
@@ -215,7 +288,7 @@ def test_plan_text_output_and_changed_assumptions():
         (("plan", "no_such_vlm", "--tiny"), "'no_such_vlm' is neither a registered family nor a provider class"),
         (("plan", "qwen3_vl"), "--tiny (the project's tiny test config) or --hf-config PATH"),
         (("plan", "qwen3_vl", "--hf-config", "/no/such/model"), "no config at /no/such/model"),
-        (("plan", "qwen3_vl", "--tiny", "--dp-size", "0"), "dp_size must be a positive integer"),
+        (("plan", "qwen3_vl", "--tiny", "--dp-size", "0"), "argument --dp-size: must be an integer >= 1, got '0'"),
         (("plan", "--tiny"), "give MODEL"),
     ],
 )
