@@ -56,3 +56,32 @@ def build(provider: Any, selection: Any) -> Any:
         setattr(provider, flag, value)
     with quiet():
         return build_tiny_model(FAMILY, provider)
+
+
+#: Bridge LoRA for the adapters-only row: the default target modules (linear_qkv, linear_proj,
+#: linear_fc1, linear_fc2), a rank that suits the tiny model's hidden size 64.
+LORA_DIM = 4
+LORA_ALPHA = 8
+
+
+def build_lora(selection: Any) -> tuple[Any, dict[str, Any]]:
+    """A fresh provider, ``selection``'s flags on it, Bridge's real LoRA as its pre-wrap hook; one chunk.
+
+    Built through ``provide_distributed_model`` (no DDP wrap): that is where pre-wrap hooks run, the
+    plugin's freeze first, then LoRA. A fresh provider, so the hook never reaches the other rows' builds.
+    """
+    from megatron.bridge.peft.lora import LoRA
+
+    from bridge_freeze_testing.tiny import build_tiny_chunks
+    from bridge_freeze_testing.train import make_provider
+
+    with quiet():
+        provider = make_provider(FAMILY)
+    for flag, value in selection.as_dict().items():
+        setattr(provider, flag, value)
+    lora = LoRA(dim=LORA_DIM, alpha=LORA_ALPHA)
+    provider.register_pre_wrap_hook(lora)
+    # provide_distributed_model prints "> number of parameters on ... rank" on stdout: not in the table.
+    with quiet(), contextlib.redirect_stdout(io.StringIO()):
+        (chunk,) = build_tiny_chunks(FAMILY, provider)
+    return chunk, {"dim": lora.dim, "alpha": lora.alpha, "target_modules": list(lora.target_modules)}

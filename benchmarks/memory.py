@@ -6,6 +6,11 @@ really exist: ``p.grad`` of every parameter, and every tensor in ``optimizer.sta
 ``exp_avg_sq``, ``step``). A frozen parameter must cost neither, so the ratio to full fine-tuning must
 equal the trainable fraction exactly.
 
+Besides the 7 selections validation accepts without LoRA, the one it accepts with LoRA: all three flags
+set and Bridge's real LoRA (``megatron.bridge.peft.lora.LoRA``) as a pre-wrap hook, so only the adapters
+train. Its trainable fraction is adapter parameters over the base model's parameters (full fine-tuning's
+count, which has no adapters).
+
 The naive alternative, freezing after the optimizer was built over every parameter, is measured in two
 variants: (a) gradients released each step (``zero_grad(set_to_none=True)``): torch's AdamW skips
 parameters without a gradient, so nothing extra is allocated; (b) gradients that already exist when the
@@ -20,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._models import FAMILY, accepted_selections, build, label, quiet
+from benchmarks._models import FAMILY, LORA_ALPHA, LORA_DIM, accepted_selections, build, build_lora, label, quiet
 
 LR = 1e-3
 WEIGHT_DECAY = 0.1
@@ -59,32 +64,52 @@ def _frozen(model: torch.nn.Module, selection: Any) -> list[torch.nn.Parameter]:
     return [p for n, p in model.named_parameters() if family.classify(n) in parts]
 
 
+#: The row of the one selection validation accepts with LoRA (all three flags set).
+LORA_LABEL = "LoRA + freeze LM+VM+VP"
+
+
 def run(quick: bool = False) -> dict[str, Any]:
+    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.validation import LoraSettings, validate_selection
     from bridge_freeze_testing.train import make_provider, synthetic_batch
 
     with quiet():
         provider = make_provider(FAMILY)
     selections = accepted_selections(provider)
-    if quick:  # full fine-tuning and projection only: the smoke test needs the keys, not every row
+    if quick:  # full fine-tuning, projection only (+ the LoRA row below): the smoke test needs keys, not rows
         selections = [s for s in selections if not s.any_set or s.set_flags() == (
             "freeze_language_model", "freeze_vision_model")]
+    adapters_only = FreezeSelection(True, True, True)
+    # Raises if validation does not accept it (it must, or the row would show an unusable setup).
+    validate_selection(adapters_only, provider=provider, lora=LoraSettings(rank=LORA_DIM, alpha=LORA_ALPHA))
     batch = synthetic_batch(FAMILY, provider)
     rows: dict[str, Any] = {}
-    full: dict[str, int] | None = None
-    for selection in selections:
+    full: dict[str, Any] | None = None
+    # The LoRA row last (kept in --quick too: one more tiny build). Full fine-tuning comes first.
+    for selection, with_lora in [*((s, False) for s in selections), (adapters_only, True)]:
         torch.manual_seed(0)
-        model = build(provider, selection)
+        if with_lora:
+            model, lora = build_lora(selection)
+        else:
+            model, lora = build(provider, selection), None
         total = sum(p.numel() for p in model.parameters())
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
         _one_step(model, optimizer, batch, release=True)
         state = _state_bytes(optimizer)
+        base = total if full is None else full["total_params"]  # the model without adapters
+        if lora is not None:
+            trained = {n for n, p in model.named_parameters() if p.requires_grad}
+            lora = {**lora, "adapter_params": total - base,
+                    "only_adapters_train": bool(trained) and trainable == total - base
+                    and all(".adapter." in n for n in trained)}
         row = {
             "selection": selection.as_dict(),
+            "lora": lora,
             "trainable_params": trainable,
             "total_params": total,
-            "trainable_fraction": trainable / total,
+            "trainable_fraction": trainable / base,
             "grad_bytes": _grad_bytes(model),
             "optimizer_moment_bytes": state["moments"],
             "optimizer_step_bytes": state["step"],
@@ -100,10 +125,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         )
         # Exact: integer byte counts, fp32 everywhere -> bytes = 4 * elements.
         row["exact"] = (
-            row["grad_bytes"] * total == full["grad_bytes"] * trainable
-            and row["optimizer_moment_bytes"] * total == full["optimizer_moment_bytes"] * trainable
+            row["grad_bytes"] * base == full["grad_bytes"] * trainable
+            and row["optimizer_moment_bytes"] * base == full["optimizer_moment_bytes"] * trainable
         )
-        rows[label(selection)] = row
+        rows[LORA_LABEL if with_lora else label(selection)] = row
         del model, optimizer
 
     naive = _naive(provider, selections[1:], batch, rows)
@@ -165,7 +190,9 @@ def table(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"memory {name}",
             f"grad {r['grad_ratio']:.4f}, Adam moments {r['optimizer_moment_ratio']:.4f} "
             f"(trainable {r['trainable_fraction']:.4f})",
-            "= trainable fraction" + (" OK" if r["exact"] else " MISMATCH"),
+            "= trainable fraction" + (" OK" if r["exact"] else " MISMATCH")
+            + ("" if r["lora"] is None else "; only adapters train" + (" OK" if r["lora"]["only_adapters_train"]
+                                                                       else " NO")),
         ))
     for name, entry in result["naive_freeze_after_optimizer"].items():
         pre = entry["grads_preallocated"]

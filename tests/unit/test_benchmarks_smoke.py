@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,11 @@ def test_quick_run_writes_every_figure(tmp_path):
     dist_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     env["PYTHONWARNINGS"] = "ignore"
-    start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
-    elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert elapsed < 40, f"--quick took {elapsed:.0f} s"
     result = json.loads(out.read_text())
     assert result["quick"] is True
     assert {"cpu", "cores", "memory_gib"} <= set(result["machine"])
@@ -45,6 +41,9 @@ def test_quick_run_writes_every_figure(tmp_path):
         assert keys <= set(result["figures"][name]), (name, keys - set(result["figures"][name]))
     memory = result["figures"]["memory"]
     assert memory["all_exact"], memory["selections"]
+    lora = memory["selections"]["LoRA + freeze LM+VM+VP"]  # the one selection accepted with LoRA
+    assert lora["lora"]["only_adapters_train"] and 0 < lora["trainable_params"] < lora["total_params"]
+    assert lora["grad_ratio"] == lora["trainable_fraction"] < 0.1
     assert result["figures"]["step"]["vision_backward_skipped_when_frozen"]
     assert "written:" in proc.stdout
 
