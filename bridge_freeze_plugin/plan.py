@@ -16,7 +16,11 @@ provider's family, and estimates what a training run holds per part and what fre
 Counts are for the whole model (tensor / pipeline / expert parallel size 1): with model
 parallelism, each rank holds its share of these figures. Building needs torch and Megatron-Bridge;
 the CPU harness (TransformerEngine stub, local layer specs) comes from the ``bridge_freeze_testing``
-package shipped alongside, imported only here. Nothing in this module prints.
+package shipped alongside, imported lazily inside this module's functions, never at module level. The
+plugin's runtime path (activation, the mixin, freeze, report, validation, the registry) never imports
+that package; only this module (``bridge-freeze plan``) and ``bridge-freeze demo`` in
+:mod:`bridge_freeze_plugin.cli` do, because they build models on the meta device / the CPU (where
+TransformerEngine loads, the TE stub does nothing). Nothing in this module prints.
 """
 
 from __future__ import annotations

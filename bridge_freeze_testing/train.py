@@ -19,7 +19,7 @@ frame). While the patches are active it turns them into a block-diagonal mask bu
 ``cu_seqlens``. The language model's causal mask is not patched in: :func:`synthetic_batch`
 provides it explicitly as ``attention_mask`` (megatron-core's default one is created on "cuda").
 
-Test support only: the plugin never imports this module.
+Test support: the plugin's runtime path never imports this module; ``bridge-freeze demo`` does, lazily.
 """
 
 from __future__ import annotations
