@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -528,12 +529,15 @@ def test_api_reads_full_recompute_from_the_provider():
 def test_warnings_come_from_global_rank_0_only(monkeypatch, model_dirs):
     run = Run(family="qwen3_vl", recompute="full")
     hub = Run(model_path="Qwen/Qwen3-VL-4B-Instruct", recompute="full", flags=PROJECTION_ONLY)
-    monkeypatch.setenv("RANK", "1")  # as torchrun sets it (no process group in this test)
+    monkeypatch.setenv("RANK", "1")  # as torchrun sets it, before a process group exists
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():  # an earlier test's group
+        monkeypatch.setattr(dist, "get_rank", lambda *args, **kwargs: 1)
     with captured_warnings() as records:
         run.validate("sft", model_dirs)
         hub.validate("sft", model_dirs)
     assert records == []
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.undo()
     with captured_warnings() as records:
         run.validate("sft", model_dirs)
         hub.validate("sft", model_dirs)
