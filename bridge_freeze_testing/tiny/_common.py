@@ -41,6 +41,21 @@ def finalized(provider: Any, **overrides: Any) -> Any:
     provider.finalize()
     return provider
 
+#: A two-layer MoE text stack: layer 0 dense, layer 1 with 4 routed experts (top-2) and a shared expert.
+#: The CPU-only settings (no grouped GEMM, no permute fusion, no shared-expert overlap, the ``allgather``
+#: dispatcher) change no module or parameter names.
+TINY_MOE_WITH_SHARED_EXPERT: dict[str, Any] = {
+    "num_moe_experts": 4,
+    "moe_ffn_hidden_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    "moe_router_topk": 2,
+    "moe_layer_freq": [0, 1],
+    "moe_grouped_gemm": False,
+    "moe_permute_fusion": False,
+    "moe_shared_expert_overlap": False,
+    "moe_token_dispatcher_type": "allgather",
+}
+
 
 def _mtp_spec_without_te(fn: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(fn)

@@ -16,20 +16,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized, local_mtp_block_spec
+from bridge_freeze_testing.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized, local_mtp_block_spec
 
 REAL = True
 
 TINY_TEXT_MOE: dict[str, Any] = {
-    "num_moe_experts": 4,
-    "moe_ffn_hidden_size": 32,
-    "moe_shared_expert_intermediate_size": 32,
-    "moe_router_topk": 2,
-    "moe_layer_freq": [0, 1],
-    "moe_grouped_gemm": False,
-    "moe_permute_fusion": False,
-    "moe_shared_expert_overlap": False,
-    "moe_token_dispatcher_type": "allgather",
+    **TINY_MOE_WITH_SHARED_EXPERT,
     "mtp_num_layers": 0,
     # rotary dim = kv_channels * rotary_percent = 16 * 0.5 = 8 -> 4 frequencies split over (t, h, w).
     "mrope_section": [2, 1, 1],

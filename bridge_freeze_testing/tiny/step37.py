@@ -23,20 +23,12 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_testing.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
 REAL = True
 
 TINY_TEXT: dict[str, Any] = {
-    "num_moe_experts": 4,
-    "moe_ffn_hidden_size": 32,
-    "moe_shared_expert_intermediate_size": 32,
-    "moe_router_topk": 2,
-    "moe_layer_freq": [0, 1],
-    "moe_grouped_gemm": False,
-    "moe_permute_fusion": False,
-    "moe_shared_expert_overlap": False,
-    "moe_token_dispatcher_type": "allgather",
+    **TINY_MOE_WITH_SHARED_EXPERT,
     "mtp_num_layers": None,
     "normalization": "RMSNorm",
     "qk_layernorm": True,
