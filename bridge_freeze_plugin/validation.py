@@ -287,7 +287,8 @@ def _check(
             logger.warning(
                 "bridge-freeze: %s with %s, but the model family is not known from the config, so the rule "
                 "for full recompute (a Qwen3-VL-family projection loses gradient under it) is checked later, "
-                "when the provider is built. Pass provider= or family= to check it now.",
+                "when the provider is built. To check it now, name the family (family=... in code, --family with "
+                "bridge-freeze check-config).",
                 " and ".join(f"{k}=full" for k in full_keys),
                 _flag_list(selection, flags),
             )

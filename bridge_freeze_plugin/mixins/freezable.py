@@ -151,9 +151,9 @@ def check_recompute(provider: Any, family: FamilySpec | None, selection: FreezeS
         provider.__dict__[_RECOMPUTE_WARNED] = True
 
 
-def check_before_build(provider: Any) -> FamilySpec | None:
+def check_before_build(provider: Any, selection: FreezeSelection | None = None) -> FamilySpec | None:
     """Everything the provider can tell before a model is built: its family (rule 5) and rule 7."""
-    selection = FreezeSelection.from_object(provider)
+    selection = FreezeSelection.from_object(provider) if selection is None else selection
     family = resolve_family(provider, selection)
     check_recompute(provider, family, selection)
     return family
@@ -211,7 +211,7 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     if state.get(_DEPTH, 0):
         return build(*args, **kwargs)
     selection = FreezeSelection.from_object(provider)
-    family = check_before_build(provider)  # fails before any model is built
+    family = check_before_build(provider, selection)  # fails before any model is built
     distributed = state.get(_IN_DISTRIBUTED, False)  # then an error here must stop every rank
     state[_DEPTH] = 1
     try:
