@@ -50,7 +50,7 @@ def label(selection: Any) -> str:
 
 def build(provider: Any, selection: Any) -> Any:
     """One bare chunk through the real provider, with the selection's flags written on the provider."""
-    from bridge_freeze_testing.tiny import build_tiny_model
+    from bridge_freeze_harness.tiny import build_tiny_model
 
     for flag, value in selection.as_dict().items():
         setattr(provider, flag, value)
@@ -72,8 +72,8 @@ def build_lora(selection: Any) -> tuple[Any, dict[str, Any]]:
     """
     from megatron.bridge.peft.lora import LoRA
 
-    from bridge_freeze_testing.tiny import build_tiny_chunks
-    from bridge_freeze_testing.train import make_provider
+    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.train import make_provider
 
     with quiet():
         provider = make_provider(FAMILY)

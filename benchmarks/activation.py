@@ -26,7 +26,7 @@ ENV_DISABLE = "BRIDGE_FREEZE_DISABLE_AUTOLOAD"
 PASS_TARGET_MS = 20.0
 BRIDGE_TARGET = 0.05
 _IMPORT_BRIDGE = (
-    "from bridge_freeze_testing import _te_stub; _te_stub.install(); import megatron.bridge, sys; "
+    "from bridge_freeze_harness import _te_stub; _te_stub.install(); import megatron.bridge, sys; "
     "m = sys.modules.get('bridge_freeze_plugin.activation'); print('active' if m and m.is_active() else 'inactive')"
 )
 

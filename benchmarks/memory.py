@@ -47,7 +47,7 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 
 def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, *, release: bool) -> None:
-    from bridge_freeze_testing.train import loss_fn
+    from bridge_freeze_harness.train import loss_fn
 
     optimizer.zero_grad(set_to_none=release)
     with quiet():
@@ -71,7 +71,7 @@ LORA_LABEL = "LoRA + freeze LM+VM+VP"
 def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_plugin.selection import FreezeSelection
     from bridge_freeze_plugin.validation import LoraSettings, validate_selection
-    from bridge_freeze_testing.train import make_provider, synthetic_batch
+    from bridge_freeze_harness.train import make_provider, synthetic_batch
 
     with quiet():
         provider = make_provider(FAMILY)

@@ -31,7 +31,7 @@ _BENCH_SPEC = "bench_qwen3_vl"
 def vision_config(quick: bool) -> Any:
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 
-    from bridge_freeze_testing.tiny.qwen3_vl import TINY_IMAGE
+    from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE
 
     hidden = 64 if quick else HIDDEN
     return Qwen3VLVisionConfig(
@@ -47,7 +47,7 @@ def vision_config(quick: bool) -> Any:
 
 
 def make_provider(quick: bool) -> Any:
-    from bridge_freeze_testing.train import make_provider as tiny_provider
+    from bridge_freeze_harness.train import make_provider as tiny_provider
 
     if quick:
         return tiny_provider(FAMILY)
@@ -69,7 +69,7 @@ def make_provider(quick: bool) -> Any:
 
 def make_batch(provider: Any, quick: bool) -> dict[str, torch.Tensor]:
     """The family's synthetic batch, with this figure's image size and text length."""
-    from bridge_freeze_testing import train
+    from bridge_freeze_harness import train
 
     base = train.train_spec(FAMILY)
     grid = QUICK_GRID if quick else GRID
@@ -106,8 +106,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_plugin.freeze import apply_selection
     from bridge_freeze_plugin.registry import get_family
     from bridge_freeze_plugin.selection import FreezeSelection
-    from bridge_freeze_testing.tiny import build_tiny_model
-    from bridge_freeze_testing.train import loss_fn
+    from bridge_freeze_harness.tiny import build_tiny_model
+    from bridge_freeze_harness.train import loss_fn
 
     family = get_family(FAMILY)
     with quiet():

@@ -1,6 +1,23 @@
-"""Typed errors. Every message names what was asked, on which model, and what to do instead."""
+"""Every error type the plugin raises on purpose, in one place.
+
+Each message names what was asked, on which model, and what to do instead. The hierarchy::
+
+    BridgeFreezeError
+    ├── FamilyRegistrationError (ValueError)    a malformed or duplicate family
+    ├── UnknownFamilyError (KeyError)           a family name nobody registered
+    ├── UnsupportedFreezeFlagError (ValueError) a flag on a provider no family covers
+    ├── UnclassifiedParameterError (RuntimeError) a parameter under no prefix while a flag is set
+    ├── FreezeGuaranteeError (RuntimeError)     after the pre-wrap hooks, what trains is not what was asked
+    ├── PeerRankFreezeError (RuntimeError)      another rank failed while the model was built
+    ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
+    │   └── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
+    └── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 class BridgeFreezeError(Exception):
@@ -26,9 +43,37 @@ class UnclassifiedParameterError(BridgeFreezeError, RuntimeError):
     """While a flag is set, some parameters fall in no part of the model family (we never guess)."""
 
 
+@dataclass(frozen=True)
+class Violation:
+    """One parameter whose trainability departs from the selection after the pre-wrap hooks."""
+
+    name: str
+    requires_grad: bool
+    why: str
+
+
+class FreezeGuaranteeError(BridgeFreezeError, RuntimeError):
+    """After the pre-wrap hooks ran, the trainable parameters are not what the selection promised.
+
+    ``violations`` lists every disagreeing parameter (the message shows the first few).
+    """
+
+    def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
+        super().__init__(message)
+        self.violations: tuple[Violation, ...] = tuple(violations)
+
+
+class PeerRankFreezeError(BridgeFreezeError, RuntimeError):
+    """Another rank failed while the model was built (with an error that is not one of the plugin's)."""
+
+
 class InvalidFreezeConfigError(BridgeFreezeError, ValueError):
     """A training configuration asks for a freeze selection that cannot be honoured."""
 
 
 class FreezeFlagTypeError(InvalidFreezeConfigError, TypeError):
     """A freeze flag holds something other than a real bool (``1``, ``"yes"``, ``None``...)."""
+
+
+class PlanError(BridgeFreezeError, ValueError):
+    """A plan cannot be made (unknown model, unreadable config, a build that fails...)."""

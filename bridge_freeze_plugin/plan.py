@@ -15,7 +15,7 @@ provider's family, and estimates what a training run holds per part and what fre
 
 Counts are for the whole model (tensor / pipeline / expert parallel size 1): with model
 parallelism, each rank holds its share of these figures. Building needs torch and Megatron-Bridge;
-the CPU harness (TransformerEngine stub, local layer specs) comes from the ``bridge_freeze_testing``
+the CPU harness (TransformerEngine stub, local layer specs) comes from the ``bridge_freeze_harness``
 package shipped alongside, imported lazily inside this module's functions, never at module level. The
 plugin's runtime path (activation, the mixin, freeze, report, validation, the registry) never imports
 that package; only this module (``bridge-freeze plan``) and ``bridge-freeze demo`` in
@@ -332,7 +332,7 @@ def resolve_model(name: str) -> FamilySpec:
     try:
         return REGISTRY.find(name)
     except BridgeFreezeError:
-        from bridge_freeze_testing.tiny import TINY_FAMILIES
+        from bridge_freeze_harness.tiny import TINY_FAMILIES
 
         for spec in REGISTRY:
             if name in TINY_FAMILIES and name.startswith(spec.name + "_"):
@@ -352,7 +352,7 @@ def tiny_provider(name: str, family: FamilySpec) -> tuple[Any, str]:
 
     Returns ``(provider, tiny config name)``.
     """
-    from bridge_freeze_testing import tiny
+    from bridge_freeze_harness import tiny
 
     if name in tiny.TINY_FAMILIES:
         return tiny.make_provider(name), name
@@ -443,9 +443,9 @@ def hf_config_provider(path: str | os.PathLike[str]) -> tuple[Any, str]:
 
 @contextlib.contextmanager
 def _cpu_build_context(tiny_name: str | None) -> Iterator[None]:
-    from bridge_freeze_testing import tiny
-    from bridge_freeze_testing.cpu_runtime import import_bridge, init_cpu_distributed
-    from bridge_freeze_testing.local_specs import cpu_build_patches
+    from bridge_freeze_harness import tiny
+    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
+    from bridge_freeze_harness.local_specs import cpu_build_patches
 
     if tiny_name is not None and tiny_name in tiny.TINY_FAMILIES:
         with tiny.build_context(tiny_name):
@@ -479,7 +479,7 @@ def build_meta_model(provider: Any, *, tiny_name: str | None = None) -> Any:
 
 def bridge_runtime() -> None:
     """Import Megatron-Bridge (TE stub) and bring up the single-process CPU runtime."""
-    from bridge_freeze_testing.cpu_runtime import import_bridge, init_cpu_distributed
+    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
 
     import_bridge()
     init_cpu_distributed()

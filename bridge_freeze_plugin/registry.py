@@ -70,6 +70,8 @@ class FamilySpec:
     hf_model_types: tuple[str, ...] = ()
     #: Known Bridge issue: under full activation recompute the projection (part of it) gets no gradient.
     projection_needs_recompute_off: bool = False
+    #: Why, in one clause a message can quote (family knowledge stays in the family's table).
+    recompute_note: str = ""
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -159,6 +161,7 @@ class FamilySpec:
             "description": self.description,
             "hf_model_types": list(self.hf_model_types),
             "projection_needs_recompute_off": self.projection_needs_recompute_off,
+            "recompute_note": self.recompute_note,
             "source": self.source,
         }
 
@@ -278,6 +281,7 @@ def register_family(
     description: str = "",
     hf_model_types: Iterable[str] = (),
     projection_needs_recompute_off: bool = False,
+    recompute_note: str = "",
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
@@ -292,6 +296,7 @@ def register_family(
         description=description,
         hf_model_types=tuple(hf_model_types),
         projection_needs_recompute_off=projection_needs_recompute_off,
+        recompute_note=recompute_note,
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)

@@ -5,11 +5,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${BRIDGE_FREEZE_VENV:-.venv}"
-REQS=(requirements/constraints.txt requirements/base.txt requirements/megatron.txt requirements/dev.txt pyproject.toml setup.py bridge_freeze_plugin.pth)
-want="$(cat "${REQS[@]}" scripts/bootstrap.sh | sha256sum | cut -c1-16)"
+# Two stamps: the dependencies (a rebuild of the venv when they change) and the project's own packaging
+# (only a re-install of the project, seconds, when pyproject.toml / setup.py / the .pth line change).
+REQS=(requirements/constraints.txt requirements/base.txt requirements/megatron.txt requirements/dev.txt scripts/bootstrap.sh)
+PROJECT=(pyproject.toml setup.py bridge_freeze_plugin.pth)
+want="$(cat "${REQS[@]}" | sha256sum | cut -c1-16)"
+want_project="$(cat "${PROJECT[@]}" | sha256sum | cut -c1-16)"
 stamp="$VENV/.bridge-freeze-stamp"
+stamp_project="$VENV/.bridge-freeze-project-stamp"
+
+install_project() {
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install -c requirements/constraints.txt \
+    --no-deps --no-build-isolation -e .
+  # A wheel install puts bridge_freeze_plugin.pth (the autoload line) into site-packages; an editable
+  # install does not ship it, so put it there as the wheel would.
+  cp bridge_freeze_plugin.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+  echo "$want_project" > "$stamp_project"
+}
 
 if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  if [[ ! -f "$stamp_project" || "$(cat "$stamp_project")" != "$want_project" ]]; then
+    echo "bootstrap: the project's packaging changed; re-installing it into $VENV" >&2
+    install_project
+  fi
   exit 0
 fi
 
@@ -45,9 +63,6 @@ CONSTRAINTS=(-c requirements/constraints.txt)
 # The full megatron-bridge / megatron-core dependency trees do not install without CUDA; what they
 # import for building and training models is in base.txt. See README, "Set-up".
 "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps -r requirements/megatron.txt
-"${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps --no-build-isolation -e .
-# A wheel install puts bridge_freeze_plugin.pth (the autoload line) into site-packages; an editable
-# install does not ship it, so put it there as the wheel would.
-cp bridge_freeze_plugin.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+install_project
 echo "$want" > "$stamp"
 echo "bootstrap: $VENV ready" >&2

@@ -1,5 +1,5 @@
 """Shared fixtures. Real Megatron-Bridge models are built tiny on the CPU through the project's
-own test support (``bridge_freeze_testing``); see README, "Which families are real"."""
+own test support (``bridge_freeze_harness``); see README, "Which families are real"."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def cpu_bridge():
     """``import megatron.bridge`` (TE stub) + gloo + model-parallel state, once per test session."""
     import torch
 
-    from bridge_freeze_testing.cpu_runtime import import_bridge, init_cpu_distributed
+    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
 
     # One thread: on a 2-core machine this is faster and steadier for tiny models.
     torch.set_num_threads(1)

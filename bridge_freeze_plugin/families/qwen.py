@@ -10,6 +10,11 @@ _PKG = "megatron.bridge.models.qwen_vl"
 # mergers (run inside the checkpointed function, outputs returned in a Python list) get no gradient.
 _QWEN3_PARTS = {
     "projection_needs_recompute_off": True,
+    "recompute_note": (
+        "the vision config copies the language model's recompute settings, and the DeepStack mergers run "
+        "inside the checkpointed function and hand their outputs back in a Python list, which the checkpoint "
+        "does not back-propagate"
+    ),
     "language_model": ("language_model",),
     "vision_model": ("vision_model",),
     "vision_projection": ("vision_model.merger", "vision_model.decoder.deepstack_merger_list"),

@@ -20,7 +20,7 @@ def nccl_world():
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from bridge_freeze_testing.cpu_runtime import free_port, import_bridge
+    from bridge_freeze_harness.cpu_runtime import free_port, import_bridge
 
     import_bridge()
     if not dist.is_initialized():
@@ -39,7 +39,7 @@ def test_projection_only_qwen3_vl_through_ddp_on_cuda(nccl_world):
 
     import bridge_freeze_plugin  # noqa: F401  (activation)
     from bridge_freeze_plugin import FreezeSelection, make_freezable
-    from bridge_freeze_testing.tiny import family_module
+    from bridge_freeze_harness.tiny import family_module
 
     provider = make_freezable(
         family_module("qwen3_vl").make_provider(use_cpu_initialization=False),

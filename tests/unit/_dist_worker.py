@@ -76,7 +76,7 @@ def _tied_embedding_on_cpu() -> Iterator[None]:
 
 
 def _provider(sc: dict[str, Any]) -> Any:
-    from bridge_freeze_testing.tiny import make_provider
+    from bridge_freeze_harness.tiny import make_provider
 
     sizes = {
         "tensor_model_parallel_size": sc["tp"],
@@ -103,8 +103,8 @@ def _run(sc: dict[str, Any], rank: int, world: int, capture: _Capture) -> dict[s
     from megatron.core import parallel_state
 
     import bridge_freeze_plugin as bfp
-    from bridge_freeze_testing.cpu_runtime import init_cpu_distributed
-    from bridge_freeze_testing.tiny import build_tiny_chunks
+    from bridge_freeze_harness.cpu_runtime import init_cpu_distributed
+    from bridge_freeze_harness.tiny import build_tiny_chunks
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
@@ -158,7 +158,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from bridge_freeze_testing.cpu_runtime import import_bridge
+    from bridge_freeze_harness.cpu_runtime import import_bridge
 
     import_bridge()
     capture = _Capture()

@@ -17,20 +17,20 @@ import pytest
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_plugin import FreezeGuaranteeError, FreezeSelection, make_freezable
-from bridge_freeze_testing.tiny import build_tiny_chunks, make_provider
+from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 
 QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 ADAPTER = re.compile(r"\.adapter\.linear_(in|out)\.weight$")
 
 # A fresh interpreter that never imports the plugin itself: the TE stub and the tiny builders come
-# from bridge_freeze_testing, which does not import bridge_freeze_plugin.
+# from bridge_freeze_harness, which does not import bridge_freeze_plugin.
 FRESH = textwrap.dedent(
     """
     import json, sys
-    from bridge_freeze_testing.cpu_runtime import import_bridge
+    from bridge_freeze_harness.cpu_runtime import import_bridge
     import_bridge()                       # = import megatron.bridge (with the CPU TE stub)
     loaded = "bridge_freeze_plugin" in sys.modules
-    from bridge_freeze_testing.tiny import build_tiny_chunks
+    from bridge_freeze_harness.tiny import build_tiny_chunks
     (chunk,) = build_tiny_chunks("qwen3_vl_moe")
     params = dict(chunk.named_parameters())
     print(json.dumps({"loaded": loaded, "trainable": sorted(n for n, p in params.items() if p.requires_grad),
@@ -135,7 +135,7 @@ def _tiny_hf_qwen3_vl_moe_config():
     """A tiny HF Qwen3-VL-MoE config, the sizes of the project's tiny Qwen3-VL-MoE (no hub access)."""
     from transformers import Qwen3VLMoeConfig
 
-    from bridge_freeze_testing.tiny.qwen3_vl import TINY_VISION
+    from bridge_freeze_harness.tiny.qwen3_vl import TINY_VISION
 
     text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
@@ -148,8 +148,8 @@ def _tiny_hf_qwen3_vl_moe_config():
 def test_autobridge_made_provider_builds_what_was_asked(cpu_bridge, caplog):
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_testing.tiny._common import TINY_LM
-    from bridge_freeze_testing.tiny.qwen3_vl_moe import TINY_MOE
+    from bridge_freeze_harness.tiny._common import TINY_LM
+    from bridge_freeze_harness.tiny.qwen3_vl_moe import TINY_MOE
 
     provider = AutoBridge.from_hf_config(_tiny_hf_qwen3_vl_moe_config()).to_megatron_provider(load_weights=False)
     # CPU-only settings (float32, no fused kernels, a dispatcher that needs no CUDA stream); sizes from the HF config

@@ -152,7 +152,7 @@ def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge):
 
     # Independent check: the real tiny model, built with real storage on the CPU, counted here.
     from bridge_freeze_plugin import get_family
-    from bridge_freeze_testing.tiny import build_tiny_model
+    from bridge_freeze_harness.tiny import build_tiny_model
 
     model = build_tiny_model("qwen3_vl_moe")
     family = get_family("qwen3_vl_moe")

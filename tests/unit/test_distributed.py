@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_freeze_testing.cpu_runtime import free_port
+from bridge_freeze_harness.cpu_runtime import free_port
 
 WORKER = Path(__file__).with_name("_dist_worker.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from bridge_freeze_plugin import FreezeSelection, make_freezable
-from bridge_freeze_testing.tiny import TINY_FAMILIES, build_tiny_chunks, is_real, make_provider
+from bridge_freeze_harness.tiny import TINY_FAMILIES, build_tiny_chunks, is_real, make_provider
 
 # family -> (language model, vision encoder, vision projection, untouched other) as regexes over names.
 # The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
@@ -117,7 +117,7 @@ def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bri
 
     # Negative control: Bridge's own provide() + freeze(), with all three flags, leaves them training.
     from bridge_freeze_plugin import get_family
-    from bridge_freeze_testing.tiny import build_context
+    from bridge_freeze_harness.tiny import build_context
 
     bridge_cls = get_family(family).resolve_providers()[0]
     provider.freeze_vision_projection = True
@@ -132,7 +132,7 @@ def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bri
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_family_builds_through_provide_and_provide_distributed_model(cpu_bridge, family):
-    from bridge_freeze_testing.tiny import build_tiny_model, family_module
+    from bridge_freeze_harness.tiny import build_tiny_model, family_module
 
     model = build_tiny_model(family)
     chunks = build_tiny_chunks(family)
@@ -157,7 +157,7 @@ def test_bridge_own_freeze_does_not_run_so_nemotron_prints_nothing(cpu_bridge, c
     # Negative control: Bridge's own provide() (under the plugin's wrapper) does print.
     from megatron.bridge.models.nemotron_vl.nemotron_vl_provider import NemotronVLModelProvider
 
-    from bridge_freeze_testing.tiny import build_context
+    from bridge_freeze_harness.tiny import build_context
 
     bridge_provide = NemotronVLModelProvider.provide.__bridge_freeze_wrapped__  # Bridge's, unwrapped
     with build_context("nemotron_vl"):
@@ -184,7 +184,7 @@ def test_exaone_mtp_follows_bridge_freeze_mtp_model_not_our_flags(cpu_bridge, se
 
     # Parity: Bridge's own provide() + freeze() with the same flags leaves the same MTP parameters training.
     from bridge_freeze_plugin import get_family
-    from bridge_freeze_testing.tiny import build_context
+    from bridge_freeze_harness.tiny import build_context
 
     bridge_cls = get_family("exaone45_vl").resolve_providers()[0]
     with build_context("exaone45_vl"):

@@ -1,6 +1,6 @@
 """Where the plugin imports what: its runtime path stays free of test support and of heavy libraries.
 
-``bridge_freeze_testing`` (the CPU harness: TE stub, tiny configs, CPU training) is imported only by the
+``bridge_freeze_harness`` (the CPU harness: TE stub, tiny configs, CPU training) is imported only by the
 ``bridge-freeze demo`` and ``plan`` commands, lazily inside functions of ``cli.py`` and ``plan.py``.
 No module of ``bridge_freeze_plugin`` imports torch, megatron or transformers at module level: importing
 the plugin (which every Megatron-Bridge import does, through activation) stays light.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bridge_freeze_plugin"
-TESTING = "bridge_freeze_testing"
+TESTING = "bridge_freeze_harness"
 #: The only modules that may import the test support, and only inside a function body.
 TESTING_IMPORTERS = {"cli.py", "plan.py"}
 HEAVY = ("torch", "megatron", "transformers")
@@ -77,8 +77,8 @@ def test_the_import_scanner_tells_module_level_from_function_bodies():
         "import torch\n"
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    import megatron.core\nelse:\n    import megatron.bridge\n"
-        "class A:\n    from bridge_freeze_testing import tiny\n"
-        "def f():\n    from bridge_freeze_testing.tiny import build\n"
+        "class A:\n    from bridge_freeze_harness import tiny\n"
+        "def f():\n    from bridge_freeze_harness.tiny import build\n"
         "    importlib.import_module('transformers')\n"
     )
     seen = {(i.module, i.in_function, i.type_checking) for i in _imports(tree)}
@@ -87,8 +87,8 @@ def test_the_import_scanner_tells_module_level_from_function_bodies():
         ("typing", False, False),
         ("megatron.core", False, True),
         ("megatron.bridge", False, False),  # the else branch runs
-        ("bridge_freeze_testing", False, False),  # a class body runs at import: module level
-        ("bridge_freeze_testing.tiny", True, False),
+        ("bridge_freeze_harness", False, False),  # a class body runs at import: module level
+        ("bridge_freeze_harness.tiny", True, False),
         ("transformers", True, False),
     }
 

@@ -20,7 +20,7 @@ from bridge_freeze_plugin import (
     make_freezable,
 )
 from bridge_freeze_plugin.mixins import declared_default
-from bridge_freeze_testing.tiny import build_tiny_chunks, build_tiny_model, make_provider
+from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model, make_provider
 
 PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
 

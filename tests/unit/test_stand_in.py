@@ -9,7 +9,7 @@ import re
 import torch
 
 from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
-from bridge_freeze_testing.stand_ins import Qwen3VLModelShaped
+from bridge_freeze_harness.stand_ins import Qwen3VLModelShaped
 
 PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 
@@ -35,7 +35,7 @@ def test_projection_only_on_the_stand_in_trains_and_changes_exactly_the_mergers(
 
 
 def test_the_stand_in_has_the_real_tiny_models_names_and_shapes(cpu_bridge):
-    from bridge_freeze_testing.tiny import build_tiny_model
+    from bridge_freeze_harness.tiny import build_tiny_model
 
     real = {n: tuple(p.shape) for n, p in build_tiny_model("qwen3_vl").named_parameters()}
     shaped = {n: tuple(p.shape) for n, p in Qwen3VLModelShaped().named_parameters()}

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bridge_freeze_plugin import FreezeSelection, make_freezable
-from bridge_freeze_testing import train
-from bridge_freeze_testing.tiny import build_tiny_chunks, build_tiny_model
+from bridge_freeze_harness import train
+from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model
 
 # Independent of the registry: the projection of each family, as read off Bridge's model code.
 PROJECTION = {

@@ -7,7 +7,7 @@ Each family has one module here, named after the family, that defines:
 - ``REAL``: ``True`` when the model is the real Bridge class built through its real provider;
   ``False`` for a structural stand-in (same module names), in which case ``STAND_IN_REASON`` says why.
 - optionally ``build_patches()``: a context manager with extra CPU patches that family needs
-  while ``provide()`` runs (on top of :func:`~bridge_freeze_testing.local_specs.cpu_build_patches`).
+  while ``provide()`` runs (on top of :func:`~bridge_freeze_harness.local_specs.cpu_build_patches`).
 
 Use :func:`build_tiny_model` / :func:`build_tiny_chunks` rather than the modules directly.
 Modules are imported lazily, by name, so listing families imports no model code.
@@ -56,8 +56,8 @@ def is_real(family: str) -> bool:
 @contextlib.contextmanager
 def build_context(family: str) -> Iterator[None]:
     """Everything needed around ``provide()`` / ``provide_distributed_model()`` on the CPU."""
-    from bridge_freeze_testing.cpu_runtime import import_bridge, init_cpu_distributed
-    from bridge_freeze_testing.local_specs import cpu_build_patches
+    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
+    from bridge_freeze_harness.local_specs import cpu_build_patches
 
     import_bridge()
     init_cpu_distributed()
@@ -69,7 +69,7 @@ def build_context(family: str) -> Iterator[None]:
 
 def make_provider(family: str, **overrides: Any) -> Any:
     """A finalized tiny provider of ``family`` (imports Bridge, inits the CPU runtime)."""
-    from bridge_freeze_testing.cpu_runtime import import_bridge, init_cpu_distributed
+    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
 
     import_bridge()
     init_cpu_distributed()

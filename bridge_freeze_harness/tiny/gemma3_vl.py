@@ -9,14 +9,14 @@ them (``input_layernorm`` / ``pre_mlp_layernorm`` instead of TE's fused ``linear
 no ``post_layernorm`` after ``linear_proj`` / ``linear_fc2``). Numerics are not Gemma's.
 
 Gemma3-VL's fixed ``attention_backend=fused`` makes megatron-core set ``NVTE_*`` variables in
-``os.environ``; :func:`~bridge_freeze_testing.local_specs.cpu_build_patches` isolates every build from them.
+``os.environ``; :func:`~bridge_freeze_harness.local_specs.cpu_build_patches` isolates every build from them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 TINY_IMAGE = {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}

@@ -7,7 +7,7 @@ state, and an RNG tracker whose forks use the CPU generator.
 Test support. The plugin's runtime path (activation, the mixin, freeze, report, validation, the
 registry) never imports this module; only ``bridge-freeze plan`` does, lazily inside
 :mod:`bridge_freeze_plugin.plan`'s functions, to build the model on the meta device (and
-``bridge-freeze demo`` reaches it through :mod:`bridge_freeze_testing.tiny`). On a machine where
+``bridge-freeze demo`` reaches it through :mod:`bridge_freeze_harness.tiny`). On a machine where
 TransformerEngine loads, :func:`import_bridge`'s TE stub does nothing.
 """
 
@@ -20,7 +20,7 @@ import socket
 from collections.abc import Iterator
 from types import ModuleType
 
-from bridge_freeze_testing import _te_stub
+from bridge_freeze_harness import _te_stub
 
 
 def free_port() -> int:

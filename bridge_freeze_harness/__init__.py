@@ -6,7 +6,7 @@ freeze, report, validation, the registry) never imports it, so a training job th
 loads none of this. Only two commands do, lazily inside their functions, because they build models on
 the CPU / meta device: ``bridge-freeze demo`` (:mod:`bridge_freeze_plugin.cli`) and ``bridge-freeze
 plan`` (:mod:`bridge_freeze_plugin.plan`). On a machine where TransformerEngine loads, the TE stub
-(:mod:`bridge_freeze_testing._te_stub`) does nothing. ``tests/unit/test_layout.py`` checks where the
+(:mod:`bridge_freeze_harness._te_stub`) does nothing. ``tests/unit/test_layout.py`` checks where the
 plugin imports it. The test suite and the benchmarks use it too.
 See ``tiny/`` for the per-family tiny configurations and ``train.py`` for CPU training steps.
 """

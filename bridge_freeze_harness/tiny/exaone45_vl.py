@@ -16,7 +16,7 @@ CPU patches (:func:`build_patches`), none of which changes module or parameter n
   (``qk_layernorm=True``); while building, that default is megatron-core's local ``WrappedTorchNorm``.
 - Bridge's EXAONE 4.5 MTP spec helper asks megatron-core for TransformerEngine MTP layers
   unconditionally; while building it gets the local ones
-  (:func:`~bridge_freeze_testing.tiny._common.local_mtp_block_spec`).
+  (:func:`~bridge_freeze_harness.tiny._common.local_mtp_block_spec`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized, local_mtp_block_spec
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec
 
 REAL = True
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
 REAL = True
 

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
 REAL = True
 

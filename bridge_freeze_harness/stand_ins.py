@@ -46,7 +46,7 @@ def qwen3_vl_shapes(
     hidden: int = 64, ffn: int = 128, vision_layers: int = 2, lm_layers: int = 2, deepstack: int = 2,
     vocab: int = 128, kv_channels: int = 16, query_groups: int = 2, heads: int = 4, merge: int = 2,
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of the tiny Bridge Qwen3-VL (``bridge_freeze_testing.tiny.qwen3_vl``)."""
+    """Names and shapes of the tiny Bridge Qwen3-VL (``bridge_freeze_harness.tiny.qwen3_vl``)."""
     merged = hidden * merge * merge
     shapes: list[tuple[str, tuple[int, ...]]] = [
         *_linear_conv("vision_model.patch_embed.proj", hidden),

@@ -98,7 +98,7 @@ def train_spec(family: str) -> TrainSpec:
 
 def make_provider(family: str, **overrides: Any) -> Any:
     """The family's tiny provider, special token ids inside the tiny vocabulary, CPU-friendly loss."""
-    from bridge_freeze_testing import tiny
+    from bridge_freeze_harness import tiny
 
     spec = train_spec(family)
     return tiny.make_provider(family, **{**spec.token_ids, **spec.cpu_overrides, **overrides})
@@ -133,7 +133,7 @@ def _check_token_ids(provider: Any, spec: TrainSpec) -> int:
         if not 0 <= value < vocab:
             raise ValueError(
                 f"{type(provider).__name__}.{name}={value} is outside the vocabulary ({vocab}); "
-                "build the provider with bridge_freeze_testing.train.make_provider"
+                "build the provider with bridge_freeze_harness.train.make_provider"
             )
     return vocab
 

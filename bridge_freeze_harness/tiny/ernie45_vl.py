@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
-from bridge_freeze_testing.tiny.qwen3_vl import TINY_IMAGE, vision_config
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, vision_config
 
 REAL = True
 

@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 

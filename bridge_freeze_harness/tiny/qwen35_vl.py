@@ -35,8 +35,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
-from bridge_freeze_testing.tiny.qwen3_vl import TINY_IMAGE, TINY_VISION
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, TINY_VISION
 
 REAL = True
 
@@ -106,7 +106,7 @@ def build_patches() -> Iterator[None]:
     from megatron.core.ssm.gated_delta_net import common as gdn_common
     from megatron.core.ssm.gated_delta_net import gdn
 
-    from bridge_freeze_testing.local_specs import _filtered
+    from bridge_freeze_harness.local_specs import _filtered
 
     patches: list[tuple[Any, str, Any]] = [
         (hybrid_specs, "_get_backend_spec_provider", _local_backend),

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized, local_mtp_block_spec
+from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized, local_mtp_block_spec
 
 REAL = True
 
@@ -53,7 +53,7 @@ def make_provider(**overrides: Any) -> Any:
 
 @contextlib.contextmanager
 def build_patches() -> Iterator[None]:
-    """Let an MTP layer build without TE (see :func:`~bridge_freeze_testing.tiny._common.local_mtp_block_spec`).
+    """Let an MTP layer build without TE (see :func:`~bridge_freeze_harness.tiny._common.local_mtp_block_spec`).
 
     Only matters when ``mtp_num_layers`` is non-zero.
     """

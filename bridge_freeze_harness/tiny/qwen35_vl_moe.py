@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
-from bridge_freeze_testing.tiny.qwen3_vl_moe import TINY_MOE
-from bridge_freeze_testing.tiny.qwen35_vl import TINY_HYBRID, TINY_IMAGE, TINY_VISION, build_patches, forward_patches
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny.qwen3_vl_moe import TINY_MOE
+from bridge_freeze_harness.tiny.qwen35_vl import TINY_HYBRID, TINY_IMAGE, TINY_VISION, build_patches, forward_patches
 
 __all__ = ["REAL", "build_patches", "forward_patches", "make_provider", "vision_config"]
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from bridge_freeze_testing.tiny._common import TINY_LM, finalized
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 #: What is not real in this family's tiny model (REAL is about the provider and model class).

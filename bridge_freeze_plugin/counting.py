@@ -1,0 +1,113 @@
+"""Per-part counting: trainable / total parameters and tensors, each tensor counted once.
+
+The one tally behind the freeze report, the model-wide (distributed) report, ``bridge-freeze plan`` and
+``bridge-freeze demo``. Imports nothing heavy: it only asks a parameter for ``numel()`` and
+``requires_grad``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
+
+#: The order of the numbers in :meth:`PartCount.as_row` / :meth:`PartTally.as_vector`.
+ROW_FIELDS: tuple[str, ...] = ("trainable", "total", "trainable_tensors", "total_tensors")
+
+
+@dataclass(frozen=True)
+class PartCount:
+    """Parameter counts (elements, and tensors) of one part (``part=None``: the whole model)."""
+
+    part: Part | None
+    trainable: int = 0
+    total: int = 0
+    trainable_tensors: int = 0
+    total_tensors: int = 0
+
+    @property
+    def frozen(self) -> int:
+        return self.total - self.trainable
+
+    @property
+    def percent_trainable(self) -> float:
+        return 100.0 * self.trainable / self.total if self.total else 0.0
+
+    def as_row(self) -> tuple[int, int, int, int]:
+        return (self.trainable, self.total, self.trainable_tensors, self.total_tensors)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {} if self.part is None else {"part": self.part.value}
+        out.update(zip(ROW_FIELDS, self.as_row(), strict=True))
+        out["percent_trainable"] = round(self.percent_trainable, 4)
+        return out
+
+
+class PartTally:
+    """Accumulates counts per part; :meth:`add` one tensor (or a share of one) at a time."""
+
+    def __init__(self) -> None:
+        self._rows: dict[Part, list[int]] = {}
+
+    def add(self, part: Part | None, numel: int, trainable: bool, tensors: int = 1) -> None:
+        """Count ``numel`` elements in ``part`` (``None``: under no prefix, counted as ``other``).
+
+        ``tensors`` is how many model tensors this is (0 for a second shard of a tensor already counted).
+        """
+        row = self._rows.setdefault(Part.OTHER if part is None else part, [0, 0, 0, 0])
+        row[1] += numel
+        row[3] += tensors
+        if trainable:
+            row[0] += numel
+            row[2] += tensors
+
+    def count(self, part: Part) -> PartCount:
+        return PartCount(part, *self._rows.get(part, (0, 0, 0, 0)))
+
+    def parts(self) -> tuple[PartCount, ...]:
+        """The three selectable parts always; ``other`` only when the model has such tensors."""
+        rows = [self.count(p) for p in SELECTABLE_PARTS]
+        other = self.count(Part.OTHER)
+        if other.total_tensors:
+            rows.append(other)
+        return tuple(rows)
+
+    def total(self) -> PartCount:
+        sums = [sum(row[i] for row in self._rows.values()) for i in range(len(ROW_FIELDS))]
+        return PartCount(None, *sums)
+
+    def as_vector(self) -> list[int]:
+        """Every part's row, in :class:`Part` order (for an ``all_reduce``)."""
+        return [n for part in Part for n in self._rows.get(part, (0, 0, 0, 0))]
+
+    @classmethod
+    def from_vector(cls, vector: Iterable[int]) -> PartTally:
+        values = list(vector)
+        width = len(ROW_FIELDS)
+        tally = cls()
+        for i, part in enumerate(Part):
+            row = [int(v) for v in values[i * width : (i + 1) * width]]
+            if any(row):
+                tally._rows[part] = row
+        return tally
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[Part, PartCount]) -> PartTally:
+        tally = cls()
+        for part, count in counts.items():
+            tally._rows[part] = list(count.as_row())
+        return tally
+
+
+def tally_parameters(classified: Iterable[tuple[Part | None, Any]]) -> PartTally:
+    """Tally ``(part, parameter)`` pairs as they are now; a tensor shared between modules counts once."""
+    tally = PartTally()
+    seen: set[int] = set()
+    for part, param in classified:
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        tally.add(part, int(param.numel()), bool(param.requires_grad))
+    return tally

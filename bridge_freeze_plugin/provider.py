@@ -1,0 +1,113 @@
+"""Questions the plugin asks a Bridge model provider about itself (no building, no side effects).
+
+- which family it belongs to (:func:`resolve_family`: raises when a flag is set and no family covers it);
+- how to name it in messages (:func:`provider_label`, :func:`model_name_of`, :func:`describe_request`);
+- what its class declared as the default of each flag, before activation patched it, and which of those
+  defaults the written config overrides (:func:`declared_default`, :func:`overridden_defaults`);
+- :func:`write_selection`: all three flags written, always.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
+from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
+from bridge_freeze_plugin.report import DefaultOverride
+from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
+from bridge_freeze_plugin.state import STATE
+
+#: Marks the plugin's own classes (the mixin, generated freezable subclasses) in a provider's MRO.
+PLUGIN_CLASS_MARK = "_bridge_freeze_plugin_class"
+
+#: Provider attributes that may name the model (first non-empty string wins).
+_MODEL_NAME_ATTRS = ("hf_model_id", "hf_model_name", "name_or_path", "_name_or_path")
+
+
+def is_plugin_class(cls: type) -> bool:
+    return bool(cls.__dict__.get(PLUGIN_CLASS_MARK, False))
+
+
+def bridge_class(provider: Any) -> type:
+    """The provider's class without the plugin's own classes (the Bridge or user class it really is)."""
+    cls = provider if isinstance(provider, type) else type(provider)
+    return next((k for k in cls.__mro__ if not is_plugin_class(k)), cls)
+
+
+def provider_label(provider: Any) -> str:
+    return bridge_class(provider).__name__
+
+
+def model_name_of(provider: Any) -> str | None:
+    for attr in _MODEL_NAME_ATTRS:
+        value = getattr(provider, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def describe_request(provider: Any, selection: FreezeSelection) -> str:
+    """``"freeze_vision_model=True on Qwen3VLModelProvider (model Qwen/...)"``, for messages."""
+    model = model_name_of(provider)
+    flags = ", ".join(f"{f}=True" for f in selection.set_flags()) or "no freeze flag"
+    return f"{flags} on {provider_label(provider)}{f' (model {model})' if model else ''}"
+
+
+def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> FamilySpec | None:
+    """The provider's family; raises :class:`UnsupportedFreezeFlagError` if a flag is set and there is none."""
+    selection = FreezeSelection.from_object(provider) if selection is None else selection
+    family = family_for_provider(provider)
+    if family is None and selection.any_set:
+        model = model_name_of(provider)
+        supported = ", ".join(f"{f.name} ({', '.join(p.rpartition(':')[2] for p in f.providers)})"
+                              for f in list_families())
+        raise UnsupportedFreezeFlagError(
+            f"{', '.join(f'{f}=True' for f in selection.set_flags())} was set on "
+            f"{class_path(bridge_class(provider)).replace(':', '.')}{f' (model {model})' if model else ''}, "
+            f"but no bridge-freeze family covers this provider, so the flag cannot be honoured. "
+            f"Supported families: {supported}. Unset the flag, or register this model's family with "
+            f"bridge_freeze_plugin.register_family(...)."
+        )
+    return family
+
+
+def declared_default(cls: type, flag: str) -> bool | None:
+    """The default the provider class itself declares for ``flag`` (ignoring the plugin's classes).
+
+    ``None`` when no class in its hierarchy declares the flag (the plugin added it).
+    """
+    for klass in cls.__mro__:
+        if is_plugin_class(klass):
+            continue
+        if (klass, flag) in STATE.original_defaults:
+            return STATE.original_defaults[(klass, flag)]
+        if flag in inspect.get_annotations(klass):
+            fld = getattr(klass, "__dataclass_fields__", {}).get(flag)
+            if fld is not None and fld.default is not dataclasses.MISSING:
+                return bool(fld.default)
+            default = klass.__dict__.get(flag, False)
+            return bool(default) if isinstance(default, bool) else False
+    return None
+
+
+def overridden_defaults(provider: Any) -> tuple[DefaultOverride, ...]:
+    """Provider defaults that would have frozen a part which, by the written config, now trains.
+
+    (A flag the config sets to ``True`` on a provider that defaults to ``False`` is a request, shown
+    in the selection itself, not an override to warn about.)
+    """
+    overrides = []
+    for flag in FLAGS:
+        default = declared_default(type(provider), flag)
+        value = bool(getattr(provider, flag, False))
+        if default is True and value is False:
+            overrides.append(DefaultOverride(flag, default, value))
+    return tuple(overrides)
+
+
+def write_selection(provider: Any, selection: FreezeSelection) -> None:
+    """Write all three flags to the provider, whether they are set or not."""
+    for flag, value in selection.as_dict().items():
+        setattr(provider, flag, value)
