@@ -25,7 +25,6 @@ HEADS = 4
 GRID = (1, 32, 32)  # patches; 256 image tokens after the 2x2 merge
 TEXT = 128
 QUICK_GRID = (1, 8, 8)
-_BENCH_SPEC = "bench_qwen3_vl"
 
 
 def vision_config(quick: bool) -> Any:
@@ -74,11 +73,7 @@ def make_batch(provider: Any, quick: bool) -> dict[str, torch.Tensor]:
     base = train.train_spec(FAMILY)
     grid = QUICK_GRID if quick else GRID
     text = {} if quick else {"text_before": TEXT // 2, "text_after": TEXT // 2}
-    train.TRAIN_SPECS[_BENCH_SPEC] = replace(base, image_grid_thw=grid, **text)
-    try:
-        return train.synthetic_batch(_BENCH_SPEC, provider)
-    finally:
-        del train.TRAIN_SPECS[_BENCH_SPEC]
+    return train.synthetic_batch(FAMILY, provider, spec=replace(base, image_grid_thw=grid, **text))
 
 
 class VisionBackwardCounter:
@@ -104,10 +99,11 @@ class VisionBackwardCounter:
 
 def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_plugin.freeze import apply_selection
-    from bridge_freeze_plugin.registry import get_family
-    from bridge_freeze_plugin.selection import FreezeSelection
+
     from bridge_freeze_harness.tiny import build_tiny_model
     from bridge_freeze_harness.train import loss_fn
+    from bridge_freeze_plugin.registry import get_family
+    from bridge_freeze_plugin.selection import FreezeSelection
 
     family = get_family(FAMILY)
     with quiet():

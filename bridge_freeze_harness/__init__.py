@@ -1,12 +1,32 @@
-"""Test support for bridge-freeze-plugin: build tiny, real Megatron-Bridge VLMs on a CPU-only machine.
+"""The CPU harness of bridge-freeze-plugin: build and train REAL Megatron-Bridge VLMs on a machine without a GPU.
 
-A separate top-level package on purpose: it never imports ``bridge_freeze_plugin``, so a test can build a
-plain Bridge model (plugin not loaded) to compare. The plugin's runtime path (activation, the mixin,
-freeze, report, validation, the registry) never imports it, so a training job that uses the plugin
-loads none of this. Only two commands do, lazily inside their functions, because they build models on
-the CPU / meta device: ``bridge-freeze demo`` (:mod:`bridge_freeze_plugin.cli`) and ``bridge-freeze
-plan`` (:mod:`bridge_freeze_plugin.plan`). On a machine where TransformerEngine loads, the TE stub
-(:mod:`bridge_freeze_harness._te_stub`) does nothing. ``tests/unit/test_layout.py`` checks where the
-plugin imports it. The test suite and the benchmarks use it too.
-See ``tiny/`` for the per-family tiny configurations and ``train.py`` for CPU training steps.
+Why it exists. Megatron-Bridge builds its models for CUDA and TransformerEngine (TE). TE cannot load without
+CUDA, yet ``import megatron.bridge`` needs it (two Bridge modules import it unconditionally), and several
+providers name TE layer specs or classes directly. To build the real model classes through their real
+providers on a CPU or the meta device (same module tree, same parameter names: what the plugin classifies),
+this package gives those two Bridge modules a TE stub only while they execute (megatron-core keeps
+``HAVE_TE=False``; :mod:`._te_stub`), brings up a gloo CPU runtime (:mod:`.cpu_runtime`), swaps TE specs for
+megatron-core's local ones while a model is built (:mod:`.local_specs`, :mod:`.context`, and each family's
+module under :mod:`.tiny`), and runs forward / backward / AdamW steps on synthetic batches (:mod:`.train`).
+Layer implementations are megatron-core's local ones; numerics are not a GPU run's.
+
+Who imports it. It is never on the plugin's runtime path: activation, the provider mixin, the freeze, the
+guarantee, the report and config validation never import it, so a training job using the plugin loads none
+of this. Two commands do, lazily inside their functions, because they build models on the CPU / meta device:
+``bridge-freeze demo`` (:mod:`bridge_freeze_plugin.cli`) and ``bridge-freeze plan``
+(:mod:`bridge_freeze_plugin.plan`); ``tests/unit/test_layout.py`` checks this. The test suite and the
+benchmarks use it too. Where the real TE loads, the stub does nothing. And the other way round: this package
+never imports ``bridge_freeze_plugin`` at module level, so a test can build a plain Bridge model (plugin not
+loaded) to compare.
+
+Other modules of the package refer to this paragraph instead of repeating it.
+
+Public entry points: :func:`cpu_build_context` (generic + a family's any-size CPU build patches, for a
+full-size build), :mod:`bridge_freeze_harness.tiny` (tiny configurations: ``make_provider``,
+``build_tiny_model``, ``build_tiny_chunks``, ``build_context``), :mod:`bridge_freeze_harness.train`
+(``trainable_families``, ``train_spec``, ``synthetic_batch``, ``loss_fn``, ``train_steps``).
 """
+
+from bridge_freeze_harness.context import cpu_build_context
+
+__all__ = ["cpu_build_context"]

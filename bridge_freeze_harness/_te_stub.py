@@ -9,8 +9,8 @@ each one executes, ``sys.modules`` holds a stub ``transformer_engine`` package; 
 is removed again. Every other module (megatron-core in particular) keeps seeing no
 TransformerEngine, so ``HAVE_TE`` stays ``False`` and the local (pure PyTorch) layers are used.
 
-This is test support. The plugin's runtime path never imports it; ``bridge-freeze demo`` and ``plan`` reach it
-through ``cpu_runtime`` (and where the real TransformerEngine loads, ``install()`` does nothing).
+Where the real TransformerEngine loads, ``install()`` does nothing. Who imports this package, and why it is
+never on the plugin's runtime path: :mod:`bridge_freeze_harness`.
 """
 
 from __future__ import annotations

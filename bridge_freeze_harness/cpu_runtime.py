@@ -4,11 +4,7 @@ What a real training job gets from ``torchrun`` + NCCL + ``model_parallel_cuda_m
 replaced here by: a gloo process group on the loopback interface, megatron-core's model-parallel
 state, and an RNG tracker whose forks use the CPU generator.
 
-Test support. The plugin's runtime path (activation, the mixin, freeze, report, validation, the
-registry) never imports this module; only ``bridge-freeze plan`` does, lazily inside
-:mod:`bridge_freeze_plugin.plan`'s functions, to build the model on the meta device (and
-``bridge-freeze demo`` reaches it through :mod:`bridge_freeze_harness.tiny`). On a machine where
-TransformerEngine loads, :func:`import_bridge`'s TE stub does nothing.
+Who imports it, and why: :mod:`bridge_freeze_harness`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ under ``megatron.bridge.models`` sees the local (pure PyTorch) equivalents inste
 ``torch.cuda.current_device`` answers ``"cpu"`` (rotary embeddings ask it for a device).
 
 Module names and structure stay the real ones, which is what the plugin classifies; the layer
-implementations are megatron-core's local ones. Test support only.
+implementations are megatron-core's local ones (see :mod:`bridge_freeze_harness`). A family's own
+any-size patches are its module's ``cpu_patches()`` (:mod:`bridge_freeze_harness.tiny`).
 """
 
 from __future__ import annotations

@@ -1,79 +1,69 @@
-"""Tiny configurations of every VLM family the plugin covers, built through Bridge's real providers.
+"""Family modules: everything the harness knows about each VLM family, built through Bridge's real providers.
 
-Each family has one module here, named after the family, that defines:
+Why this package exists, and who may import it: :mod:`bridge_freeze_harness` (the package docstring).
 
-- ``make_provider(**overrides)``: a finalized Bridge provider with a tiny configuration
-  (2 layers, hidden 64, float32, CPU initialisation); ``overrides`` are provider fields.
+One module per family (not per tiny configuration: Qwen3.5-VL's dense and MoE configurations share one
+module, as they share one registry family, its CPU patches and its forward). Adding a family is adding a
+module: the index (:mod:`._index`) is derived from the modules themselves. A family module defines:
+
+- ``CONFIGS`` (optional, a dict literal): tiny configuration name -> the module's function that returns a
+  finalized provider of it (tiny sizes: 2 layers, hidden 64, float32, CPU initialisation), called with
+  provider fields as keyword overrides. Default: ``{<module name>: "make_provider"}``;
+- ``FAMILY`` (optional, a string literal): the plugin registry's family name. Default: the module name;
 - ``REAL``: ``True`` when the model is the real Bridge class built through its real provider;
-  ``False`` for a structural stand-in (same module names), in which case ``STAND_IN_REASON`` says why.
-- optionally ``build_patches()``: a context manager with extra CPU patches that family needs
-  while ``provide()`` runs (on top of :func:`~bridge_freeze_harness.local_specs.cpu_build_patches`).
+- ``cpu_patches()`` (optional): a context manager with the CPU patches ANY build of the family needs
+  without TransformerEngine (TE-only specs or classes swapped for local ones), at any size;
+- ``tiny_patches()`` (optional): patches only the tiny configurations need (e.g. offline stand-ins);
+- ``forward_patches()`` (optional): patches a forward / backward of the family needs on the CPU;
+- ``TRAIN_SPECS`` (a dict: configuration name -> :class:`~bridge_freeze_harness.batches.TrainSpec`), or
+  ``CANNOT_TRAIN`` (a one-line reason why the family cannot run a forward on the CPU).
 
-Use :func:`build_tiny_model` / :func:`build_tiny_chunks` rather than the modules directly.
-Modules are imported lazily, by name, so listing families imports no model code.
+Use :func:`build_tiny_model` / :func:`build_tiny_chunks` rather than the modules directly. Listing names
+(:data:`TINY_FAMILIES`) reads the modules' sources, not their code: no model code is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-#: family name -> module (under this package) with its tiny configuration.
-TINY_FAMILIES: dict[str, str] = {
-    "qwen25_vl": "qwen25_vl",
-    "qwen3_vl": "qwen3_vl",
-    "qwen3_vl_moe": "qwen3_vl_moe",
-    "qwen35_vl": "qwen35_vl",
-    "qwen35_vl_moe": "qwen35_vl_moe",
-    "glm45v": "glm45v",
-    "gemma3_vl": "gemma3_vl",
-    "gemma4_vl": "gemma4_vl",
-    "nemotron_vl": "nemotron_vl",
-    "ernie45_vl": "ernie45_vl",
-    "ministral3": "ministral3",
-    "kimi_k25_vl": "kimi_k25_vl",
-    "minimax_m3_vl": "minimax_m3_vl",
-    "step37": "step37",
-    "exaone45_vl": "exaone45_vl",
-}
+from bridge_freeze_harness.tiny._index import TinyIndex, entry, module_of
+
+#: tiny configuration name -> family module name (derived from the modules; read-only).
+TINY_FAMILIES: TinyIndex = TinyIndex()
 
 
-def family_module(family: str) -> ModuleType:
-    try:
-        mod = TINY_FAMILIES[family]
-    except KeyError:
-        raise KeyError(f"no tiny configuration for family {family!r}; known: {sorted(TINY_FAMILIES)}") from None
-    return importlib.import_module(f"{__name__}.{mod}")
+def family_module(name: str) -> ModuleType:
+    """The family module that holds tiny configuration ``name`` (``KeyError`` naming the known ones)."""
+    return module_of(name)
 
 
-def is_real(family: str) -> bool:
-    return bool(family_module(family).REAL)
+def is_real(name: str) -> bool:
+    return bool(family_module(name).REAL)
 
 
 @contextlib.contextmanager
-def build_context(family: str) -> Iterator[None]:
-    """Everything needed around ``provide()`` / ``provide_distributed_model()`` on the CPU."""
-    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
-    from bridge_freeze_harness.local_specs import cpu_build_patches
+def build_context(name: str) -> Iterator[None]:
+    """Everything a tiny build of ``name`` needs around ``provide()`` / ``provide_distributed_model()``.
 
-    import_bridge()
-    init_cpu_distributed()
-    module = family_module(family)
-    extra = getattr(module, "build_patches", None)
-    with cpu_build_patches(), (extra() if extra else contextlib.nullcontext()):
+    The generic and the family's any-size CPU patches (:func:`bridge_freeze_harness.cpu_build_context`)
+    plus the tiny configuration's own ones.
+    """
+    from bridge_freeze_harness.context import cpu_build_context, module_patches
+
+    with cpu_build_context(name), module_patches(family_module(name), "tiny_patches"):
         yield
 
 
-def make_provider(family: str, **overrides: Any) -> Any:
-    """A finalized tiny provider of ``family`` (imports Bridge, inits the CPU runtime)."""
+def make_provider(name: str, **overrides: Any) -> Any:
+    """A finalized tiny provider of configuration ``name`` (imports Bridge, inits the CPU runtime)."""
     from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
 
     import_bridge()
     init_cpu_distributed()
-    return family_module(family).make_provider(**overrides)
+    return getattr(family_module(name), entry(name).factory)(**overrides)
 
 
 def _ensure_pg_collection(provider: Any) -> None:
@@ -83,19 +73,19 @@ def _ensure_pg_collection(provider: Any) -> None:
         provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
 
 
-def build_tiny_model(family: str, provider: Any = None, **overrides: Any) -> Any:
+def build_tiny_model(name: str, provider: Any = None, **overrides: Any) -> Any:
     """One bare model chunk through ``provider.provide(pre_process=True, post_process=True)``."""
-    provider = provider if provider is not None else make_provider(family, **overrides)
-    with build_context(family):
-        if family_module(family).REAL:
+    provider = provider if provider is not None else make_provider(name, **overrides)
+    with build_context(name):
+        if family_module(name).REAL:
             _ensure_pg_collection(provider)
         return provider.provide(pre_process=True, post_process=True)
 
 
-def build_tiny_chunks(family: str, provider: Any = None, **overrides: Any) -> list[Any]:
+def build_tiny_chunks(name: str, provider: Any = None, **overrides: Any) -> list[Any]:
     """Bare chunks through ``provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)``."""
-    provider = provider if provider is not None else make_provider(family, **overrides)
-    with build_context(family):
+    provider = provider if provider is not None else make_provider(name, **overrides)
+    with build_context(name):
         return provider.provide_distributed_model(
             wrap_with_ddp=False, use_cpu_initialization=True, mixed_precision_wrapper=None
         )

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness.patching import patched
+
 #: Language-model fields common to every tiny Megatron GPT-style text config.
 TINY_LM: dict[str, Any] = {
     "num_layers": 2,
@@ -80,8 +82,5 @@ def local_mtp_block_spec() -> Iterator[None]:
     from megatron.core.models.gpt import gpt_layer_specs
 
     original = gpt_layer_specs.get_gpt_mtp_block_spec
-    gpt_layer_specs.get_gpt_mtp_block_spec = _mtp_spec_without_te(original)
-    try:
+    with patched([(gpt_layer_specs, "get_gpt_mtp_block_spec", _mtp_spec_without_te(original))]):
         yield
-    finally:
-        gpt_layer_specs.get_gpt_mtp_block_spec = original

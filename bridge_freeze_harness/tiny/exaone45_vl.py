@@ -6,7 +6,7 @@ EXAONE 4 Post-LN GPT language model (``language_model``) and, by default here, o
 prediction layer (``language_model.mtp``; the released checkpoints carry one). The HF side is a tiny
 ``Exaone4_5_Config`` made in code (no model hub); ``make_provider(mtp_num_layers=None)`` builds without MTP.
 
-CPU patches (:func:`build_patches`), none of which changes module or parameter names:
+CPU patches (:func:`cpu_patches`), none of which changes module or parameter names:
 
 - EXAONE 4's layer spec puts Bridge's ``TERowParallelLinearLayerNorm`` (a TransformerEngine row-parallel
   linear followed by a ``post_layernorm``) into ``linear_proj`` and ``linear_fc2``. While building, that
@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec
 
 REAL = True
@@ -103,7 +104,7 @@ def _local_row_parallel_linear_layer_norm() -> type:
 
 
 @contextlib.contextmanager
-def build_patches() -> Iterator[None]:
+def cpu_patches() -> Iterator[None]:
     """EXAONE's Post-LN row-parallel linear and the Q/K norms -> local equivalents; MTP spec without TE."""
     from megatron.bridge.models.exaone.exaone4 import exaone4_provider
     from megatron.core.transformer import attention
@@ -113,12 +114,5 @@ def build_patches() -> Iterator[None]:
         (exaone4_provider, "TERowParallelLinearLayerNorm", _local_row_parallel_linear_layer_norm()),
         (attention, "TENorm", WrappedTorchNorm),
     ]
-    undo = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    for module, name, replacement in patches:
-        setattr(module, name, replacement)
-    try:
-        with local_mtp_block_spec():
-            yield
-    finally:
-        for module, name, original in reversed(undo):
-            setattr(module, name, original)
+    with patched(patches), local_mtp_block_spec():
+        yield

@@ -3,7 +3,7 @@
 The text side is GLM-4.5-Air-shaped but tiny: layer 0 dense, layer 1 MoE (4 routed experts of width 32,
 top-2, plus a shared expert), partial (50 %) M-RoPE, QKV bias. Like Bridge's own HF conversion
 (``GLM45VBridge.provider_bridge``) it has no MTP layer; ``make_provider(mtp_num_layers=1)`` also builds
-(the provider class default), thanks to :func:`build_patches`.
+(the provider class default), thanks to :func:`cpu_patches`.
 
 CPU-only deviations that do not change module or parameter names: the ``allgather`` token dispatcher
 (``alltoall`` creates a CUDA stream in its ``__init__``), no grouped GEMM, no permute fusion, no shared
@@ -52,7 +52,7 @@ def make_provider(**overrides: Any) -> Any:
 
 
 @contextlib.contextmanager
-def build_patches() -> Iterator[None]:
+def cpu_patches() -> Iterator[None]:
     """Let an MTP layer build without TE (see :func:`~bridge_freeze_harness.tiny._common.local_mtp_block_spec`).
 
     Only matters when ``mtp_num_layers`` is non-zero.

@@ -5,7 +5,7 @@ The model is Bridge's own class built through its own provider: an HF Pixtral vi
 Megatron GPT language model (``language_model``). The HF side is built from a tiny
 ``Mistral3Config`` made in code (no model hub).
 
-One CPU patch (:func:`build_patches`): Bridge's Ministral layer spec puts
+One CPU patch (:func:`cpu_patches`): Bridge's Ministral layer spec puts
 ``MinistralTEDotProductAttention`` (a subclass of TransformerEngine's attention, which cannot be
 instantiated without CUDA) into the core-attention slot. While building, that name resolves to
 megatron-core's local ``DotProductAttention`` instead. Core attention holds no parameters, so
@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -94,15 +95,10 @@ def make_provider(**overrides: Any) -> Any:
 
 
 @contextlib.contextmanager
-def build_patches() -> Iterator[None]:
+def cpu_patches() -> Iterator[None]:
     """Core attention -> megatron-core's local ``DotProductAttention`` while building."""
     from megatron.bridge.models.ministral3 import ministral3_provider
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    name = "MinistralTEDotProductAttention"
-    original = getattr(ministral3_provider, name)
-    setattr(ministral3_provider, name, DotProductAttention)
-    try:
+    with patched([(ministral3_provider, "MinistralTEDotProductAttention", DotProductAttention)]):
         yield
-    finally:
-        setattr(ministral3_provider, name, original)

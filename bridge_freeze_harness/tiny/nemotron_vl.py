@@ -5,7 +5,8 @@ a real hybrid ``HybridModel`` (Mamba + attention + MLP layers), whose vision mod
 ``RADIOViTModel`` and whose projection is a real ``MultimodalProjector``, and wraps it in Bridge's
 ``NemotronVLModel``. Everything around ``provide()`` is Bridge's own code.
 
-CPU patches (:func:`build_patches`, active only while building):
+CPU patches, active only while building: points 1-3 are :func:`cpu_patches` (any build of the family),
+point 4 is :func:`tiny_patches` (the tiny configuration only).
 
 1. Language spec: the provider hands megatron-core's ``hybrid_stack_spec`` (TransformerEngine
    classes, fixed at import) to ``LLaVAModel``. It sees a copy of that spec with the same layout
@@ -49,6 +50,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -78,7 +80,6 @@ TINY_VISION: dict[str, Any] = {
 }
 TINY_PROJECTION_FFN = 128
 
-#: Environment variables megatron-core's ``LanguageModule`` sets from ``attention_backend``.
 
 
 @functools.cache
@@ -228,25 +229,28 @@ def make_provider(**overrides: Any) -> Any:
 
 
 @contextlib.contextmanager
-def build_patches() -> Iterator[None]:
-    """Local hybrid spec and final norm, buildable Mamba mixer, tiny vision (see module doc)."""
+def cpu_patches() -> Iterator[None]:
+    """Any Nemotron-VL build: local hybrid spec and final norm, a buildable Mamba mixer (points 1-3 above)."""
     from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
     from megatron.core.models.hybrid import hybrid_block
     from megatron.core.ssm import mamba_mixer
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    patches: list[tuple[Any, str, Any]] = [
-        (nemotron_vl_provider, "hybrid_stack_spec", local_hybrid_stack_spec()),
-        (nemotron_vl_provider, "LLaVAModel", _tiny_llava),
-        (hybrid_block, "TENorm", WrappedTorchNorm),
-        (mamba_mixer, "HAVE_MAMBA_SSM", True),
-        (mamba_mixer, "ExtendedRMSNorm", cpu_classes()[1]),
-    ]
-    undo = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    for module, name, value in patches:
-        setattr(module, name, value)
-    try:
+    with patched(
+        [
+            (nemotron_vl_provider, "hybrid_stack_spec", local_hybrid_stack_spec()),
+            (hybrid_block, "TENorm", WrappedTorchNorm),
+            (mamba_mixer, "HAVE_MAMBA_SSM", True),
+            (mamba_mixer, "ExtendedRMSNorm", cpu_classes()[1]),
+        ]
+    ):
         yield
-    finally:
-        for module, name, original in reversed(undo):
-            setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def tiny_patches() -> Iterator[None]:
+    """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes (point 4)."""
+    from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
+
+    with patched([(nemotron_vl_provider, "LLaVAModel", _tiny_llava)]):
+        yield

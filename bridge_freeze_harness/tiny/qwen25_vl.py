@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_freeze_harness.batches import TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -72,3 +73,6 @@ def make_provider(**overrides: Any) -> Any:
         **TOKEN_IDS,
     )
     return finalized(provider, **overrides)
+
+
+TRAIN_SPECS = {"qwen25_vl": TrainSpec(token_ids=TOKEN_IDS, projection_prefixes=("visual.merger.",))}

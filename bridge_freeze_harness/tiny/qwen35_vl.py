@@ -1,11 +1,15 @@
-"""Qwen3.5-VL (dense): real ``Qwen35VLModelProvider`` / ``Qwen3VLModel`` with a hybrid language model.
+"""Qwen3.5-VL, dense and MoE: real ``Qwen35VLModelProvider`` / ``Qwen35VLMoEModelProvider`` / ``Qwen3VLModel``.
+
+Both configurations live here (``qwen35_vl``, ``qwen35_vl_moe``): they are one registry family, share the
+vision tower, the hybrid language model, its CPU patches and its forward; the MoE one only makes every
+language-model MLP a routed MoE (MoE CPU notes as in :mod:`.qwen3_vl_moe`) plus a gated shared expert.
 
 The language model mixes Gated DeltaNet (GDN, linear attention) layers with gated standard-attention
 layers; here ``linear_attention_freq=2`` gives layer 0 = GDN, layer 1 = attention. The vision tower
 is Qwen3-VL's Megatron one; Qwen3.5's HF vision config has no DeepStack indexes, so
 ``vision_model.decoder.deepstack_merger_list`` is empty and the projection is ``vision_model.merger``.
 
-Extra CPU patches (:func:`build_patches`), all inside megatron-core's hybrid-spec code path, which
+CPU patches any build of the family needs (:func:`cpu_patches`), all inside megatron-core's hybrid-spec code path, which
 is written for TransformerEngine only:
 
 - ``_get_backend_spec_provider`` asserts ``transformer_impl == "transformer_engine"`` and returns a
@@ -35,9 +39,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, TINY_VISION
+from bridge_freeze_harness.tiny.qwen3_vl_moe import TINY_MOE
 
+CONFIGS = {"qwen35_vl": "make_provider", "qwen35_vl_moe": "make_moe_provider"}
 REAL = True
 
 #: Hybrid GDN + gated-attention language-model fields shared by the dense and MoE variants.
@@ -74,6 +81,33 @@ def make_provider(**overrides: Any) -> Any:
     return finalized(provider, **overrides)
 
 
+#: Qwen3.5 MoE has one gated shared expert next to the routed ones.
+TINY_SHARED_EXPERT: dict[str, Any] = {
+    "moe_shared_expert_intermediate_size": 32,
+    "moe_shared_expert_gate": True,
+}
+
+
+def moe_vision_config() -> Any:
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeVisionConfig
+
+    return Qwen3_5MoeVisionConfig(**TINY_VISION)
+
+
+def make_moe_provider(**overrides: Any) -> Any:
+    from megatron.bridge.models.qwen_vl.qwen35_vl_provider import Qwen35VLMoEModelProvider
+
+    provider = Qwen35VLMoEModelProvider(
+        **TINY_LM,
+        **TINY_HYBRID,
+        **TINY_MOE,
+        **TINY_SHARED_EXPERT,
+        vision_config=moe_vision_config(),
+        **TINY_IMAGE,
+    )
+    return finalized(provider, **overrides)
+
+
 def _local_backend(config: Any) -> Any:
     from megatron.core.models.backends import LocalSpecProvider
 
@@ -99,7 +133,7 @@ def _local_gated_delta_net_spec(config: Any, backend: Any = None) -> Any:
 
 
 @contextlib.contextmanager
-def build_patches() -> Iterator[None]:
+def cpu_patches() -> Iterator[None]:
     """Local (pure PyTorch) specs for the hybrid GDN/attention block, and the FLA build guard lifted."""
     from megatron.core.models.gpt import experimental_attention_variant_module_specs as hybrid_specs
     from megatron.core.models.gpt import gpt_layer_specs
@@ -119,14 +153,8 @@ def build_patches() -> Iterator[None]:
         (gdn_common, "HAVE_FLA", True),
         (gdn, "chunk_gated_delta_rule", gdn_common.torch_chunk_gated_delta_rule),
     ]
-    undo = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    try:
-        for module, name, value in patches:
-            setattr(module, name, value)
+    with patched(patches):
         yield
-    finally:
-        for module, name, original in reversed(undo):
-            setattr(module, name, original)
 
 
 def _l2norm(x: Any, dim: int = -1, eps: float = 1e-6) -> Any:
@@ -141,9 +169,5 @@ def forward_patches() -> Iterator[None]:
     """PyTorch ``l2norm`` for the GDN layers while a forward/backward runs (FLA is not installed)."""
     from megatron.core.ssm.gated_delta_net import common as gdn_common
 
-    original = gdn_common.l2norm
-    gdn_common.l2norm = _l2norm
-    try:
+    with patched([(gdn_common, "l2norm", _l2norm)]):
         yield
-    finally:
-        gdn_common.l2norm = original

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -38,3 +39,12 @@ def make_provider(**overrides: Any) -> Any:
         **TINY_IMAGE,
     )
     return finalized(provider, **overrides)
+
+
+#: One image of 8x8 patches (16 image tokens) between text, Qwen special ids inside the tiny vocabulary.
+TRAIN_SPECS = {
+    "qwen3_vl": TrainSpec(
+        token_ids=QWEN_TOKEN_IDS,
+        projection_prefixes=("vision_model.merger.", "vision_model.decoder.deepstack_merger_list."),
+    ),
+}

@@ -9,7 +9,7 @@ hybrid text decoder (``language_model``: layer 0 full attention + dense MLP, lay
 attention + MoE with 4 routed experts and a shared expert). The vision config is Bridge's own
 ``Step37VisionConfig``, made in code.
 
-One CPU patch (:func:`build_patches`): Bridge's Step-3.5 layer spec builder (``build_step35_layer_spec``,
+One CPU patch (:func:`cpu_patches`): Bridge's Step-3.5 layer spec builder (``build_step35_layer_spec``,
 used exactly as Bridge's HF conversion sets it) asks megatron-core's decoder block spec for
 TransformerEngine layers unconditionally; while building it gets the local ones. Module and parameter
 names are unchanged. CPU-only deviations that do not change names: the ``allgather`` token dispatcher,
@@ -23,6 +23,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
 REAL = True
@@ -78,14 +79,10 @@ def _local_layers(fn: Any) -> Any:
 
 
 @contextlib.contextmanager
-def build_patches() -> Iterator[None]:
+def cpu_patches() -> Iterator[None]:
     """``build_step35_layer_spec`` -> megatron-core's local layer specs while building."""
     from megatron.bridge.models.stepfun import step35_bridge
 
-    name = "get_gpt_decoder_block_spec"
-    original = getattr(step35_bridge, name)
-    setattr(step35_bridge, name, _local_layers(original))
-    try:
+    original = step35_bridge.get_gpt_decoder_block_spec
+    with patched([(step35_bridge, "get_gpt_decoder_block_spec", _local_layers(original))]):
         yield
-    finally:
-        setattr(step35_bridge, name, original)

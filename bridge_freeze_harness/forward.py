@@ -1,0 +1,118 @@
+"""CPU patches a forward AND its backward need (the backward of a recomputed layer re-runs its forward).
+
+Generic (:func:`cpu_forward_patches`):
+
+- megatron-core's local ``DotProductAttention`` refuses packed-sequence (THD) parameters, which the Megatron
+  vision encoders pass (one sequence per image frame); its forward turns them into a block-diagonal mask
+  built from ``cu_seqlens`` (:func:`block_diagonal_mask`). Calls without packed parameters are unchanged.
+- ``torch.cuda.current_device`` answers ``"cpu"`` where no CUDA device exists (megatron-core's
+  ``GlobalMemoryBuffer``, the local attention's score buffer, asks it for a device).
+
+:func:`forward_patches` adds a family module's own ``forward_patches()``. Who imports this package, and why:
+:mod:`bridge_freeze_harness`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from bridge_freeze_harness.context import module_patches
+
+
+def _segment_ids(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    positions = torch.arange(length, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].long(), positions, right=True)
+
+
+def block_diagonal_mask(cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
+    """``[1, 1, sq, sk]`` boolean mask (``True`` = masked): a token sees only its own packed sequence."""
+    seg_q = _segment_ids(cu_seqlens_q, sq)
+    seg_kv = _segment_ids(cu_seqlens_kv, sk)
+    return (seg_q[:, None] != seg_kv[None, :])[None, None]
+
+
+def _packed_as_masked(original: Any) -> Any:
+    """Wrap ``DotProductAttention.forward``: THD packed input -> one batch row + block-diagonal mask."""
+
+    @functools.wraps(original)
+    def forward(
+        self: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        if packed_seq_params is None:
+            return original(
+                self, query, key, value, attention_mask, attn_mask_type=attn_mask_type, attention_bias=attention_bias
+            )
+        if packed_seq_params.qkv_format != "thd":
+            raise NotImplementedError(f"packed format {packed_seq_params.qkv_format!r} is not handled on the CPU")
+        cu_q = packed_seq_params.cu_seqlens_q_padded
+        cu_q = packed_seq_params.cu_seqlens_q if cu_q is None else cu_q
+        cu_kv = packed_seq_params.cu_seqlens_kv_padded
+        cu_kv = packed_seq_params.cu_seqlens_kv if cu_kv is None else cu_kv
+        # THD tensors are [t, heads, dim]; the local kernel wants [s, b, heads, dim].
+        if query.dim() == 3:
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        mask = block_diagonal_mask(cu_q, cu_kv, query.shape[0], key.shape[0]).to(query.device)
+        if attention_mask is not None:
+            mask = mask | attention_mask.bool()
+        return original(self, query, key, value, mask, attn_mask_type=attn_mask_type, attention_bias=attention_bias)
+
+    return forward
+
+
+def _cpu_device() -> str:
+    return "cpu"
+
+
+_PATCH_LOCK = threading.RLock()
+_PATCH_DEPTH = 0
+
+
+@contextlib.contextmanager
+def cpu_forward_patches() -> Iterator[None]:
+    """The generic CPU forward patches (module docstring); restored on exit; re-entrant."""
+    global _PATCH_DEPTH
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    with _PATCH_LOCK:
+        original_forward = DotProductAttention.forward
+        original_current_device = torch.cuda.current_device
+        if _PATCH_DEPTH == 0:
+            DotProductAttention.forward = _packed_as_masked(original_forward)  # type: ignore[method-assign]
+            if not torch.cuda.is_available():
+                torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+        _PATCH_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCH_DEPTH -= 1
+            if _PATCH_DEPTH == 0:
+                DotProductAttention.forward = original_forward  # type: ignore[method-assign]
+                torch.cuda.current_device = original_current_device  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def forward_patches(name: str | None = None) -> Iterator[None]:
+    """Generic CPU forward patches, plus those of tiny configuration ``name``'s family module when given.
+
+    Run a forward AND its ``backward()`` inside (or use :func:`bridge_freeze_harness.train.loss_fn` /
+    :func:`bridge_freeze_harness.train.forward_backward`).
+    """
+    from bridge_freeze_harness.tiny import family_module
+
+    module = family_module(name) if name is not None else None
+    with cpu_forward_patches(), module_patches(module, "forward_patches"):
+        yield

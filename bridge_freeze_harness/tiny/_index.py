@@ -1,0 +1,104 @@
+"""The index of family modules, derived from the modules themselves: no list to edit when a family is added.
+
+Every public module of :mod:`bridge_freeze_harness.tiny` (a name without a leading underscore) is one
+family module. Two of its module-level assignments name what it provides, and are read from its source
+(a literal, parsed with :mod:`ast`) so that listing names imports no model code:
+
+- ``CONFIGS = {"<tiny config name>": "<provider factory function>", ...}``; absent, the module has one
+  configuration named after the module, built by ``make_provider``;
+- ``FAMILY = "<registry family name>"``; absent, the module's name.
+
+The rest of the protocol (patches, training) is read from the imported module; see the package docstring.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import pkgutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+PACKAGE = "bridge_freeze_harness.tiny"
+_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tiny configuration: where it lives and which function builds its provider."""
+
+    module: str  # module name under the package
+    factory: str  # provider factory function in that module
+    family: str  # the registry family the module covers
+
+
+def _literals(path: Path) -> dict[str, object]:
+    """Module-level ``NAME = <literal>`` assignments of ``CONFIGS`` and ``FAMILY`` in ``path``."""
+    found: dict[str, object] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in ("CONFIGS", "FAMILY") and node.value is not None:
+                    found[target.id] = ast.literal_eval(node.value)
+    return found
+
+
+@functools.cache
+def entries() -> dict[str, Entry]:
+    """tiny configuration name -> :class:`Entry`, for every family module of the package."""
+    index: dict[str, Entry] = {}
+    for info in sorted(pkgutil.iter_modules([str(_DIR)]), key=lambda i: i.name):
+        if info.name.startswith("_") or info.ispkg:
+            continue
+        literals = _literals(_DIR / f"{info.name}.py")
+        configs = literals.get("CONFIGS", {info.name: "make_provider"})
+        family = str(literals.get("FAMILY", info.name))
+        if not isinstance(configs, dict):
+            raise TypeError(f"{PACKAGE}.{info.name}: CONFIGS must be a dict literal (name -> factory function)")
+        for name, factory in configs.items():
+            if name in index:
+                raise ValueError(f"tiny configuration {name!r} is declared by {index[name].module} and {info.name}")
+            index[name] = Entry(info.name, str(factory), family)
+    return index
+
+
+def entry(name: str) -> Entry:
+    try:
+        return entries()[name]
+    except KeyError:
+        raise KeyError(f"no tiny configuration {name!r}; known: {sorted(entries())}") from None
+
+
+def module_of(name: str) -> ModuleType:
+    """The family module that holds tiny configuration ``name``."""
+    return importlib.import_module(f"{PACKAGE}.{entry(name).module}")
+
+
+def module_for_family(family: str) -> ModuleType | None:
+    """The family module covering registry family (or tiny configuration) ``family``; ``None`` if none does."""
+    if family in entries():
+        return module_of(family)
+    for item in entries().values():
+        if item.family == family:
+            return importlib.import_module(f"{PACKAGE}.{item.module}")
+    return None
+
+
+class TinyIndex(Mapping[str, str]):
+    """Read-only mapping tiny configuration name -> module name (computed on first use)."""
+
+    def __getitem__(self, name: str) -> str:
+        return entry(name).module
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(entries())
+
+    def __len__(self) -> int:
+        return len(entries())
+
+    def __repr__(self) -> str:
+        return f"TinyIndex({dict(self)!r})"
