@@ -47,23 +47,28 @@ def _literals(path: Path) -> dict[str, object]:
     return found
 
 
-@functools.cache
-def entries() -> dict[str, Entry]:
-    """tiny configuration name -> :class:`Entry`, for every family module of the package."""
+def scan(directory: Path) -> dict[str, Entry]:
+    """tiny configuration name -> :class:`Entry`, for every family module (public ``.py`` file) in ``directory``."""
     index: dict[str, Entry] = {}
-    for info in sorted(pkgutil.iter_modules([str(_DIR)]), key=lambda i: i.name):
+    for info in sorted(pkgutil.iter_modules([str(directory)]), key=lambda i: i.name):
         if info.name.startswith("_") or info.ispkg:
             continue
-        literals = _literals(_DIR / f"{info.name}.py")
+        literals = _literals(directory / f"{info.name}.py")
         configs = literals.get("CONFIGS", {info.name: "make_provider"})
         family = str(literals.get("FAMILY", info.name))
-        if not isinstance(configs, dict):
-            raise TypeError(f"{PACKAGE}.{info.name}: CONFIGS must be a dict literal (name -> factory function)")
+        if not isinstance(configs, dict) or not configs:
+            raise TypeError(f"{info.name}: CONFIGS must be a non-empty dict literal (name -> factory function)")
         for name, factory in configs.items():
             if name in index:
                 raise ValueError(f"tiny configuration {name!r} is declared by {index[name].module} and {info.name}")
             index[name] = Entry(info.name, str(factory), family)
     return index
+
+
+@functools.cache
+def entries() -> dict[str, Entry]:
+    """The index of this package's family modules (computed once)."""
+    return scan(_DIR)
 
 
 def entry(name: str) -> Entry:

@@ -1,0 +1,126 @@
+"""The CPU harness as a product part: an index derived from the family modules, and build contexts that
+apply exactly the patches asked for (a full-size build gets no tiny-configuration patch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bridge_freeze_harness.tiny import _index
+
+#: Every tiny configuration, written here (not read from the index): the index must find exactly these.
+EXPECTED_CONFIGS = {
+    "ernie45_vl", "exaone45_vl", "gemma3_vl", "gemma4_vl", "glm45v", "kimi_k25_vl", "minimax_m3_vl",
+    "ministral3", "nemotron_vl", "qwen25_vl", "qwen35_vl", "qwen35_vl_moe", "qwen3_vl", "qwen3_vl_moe", "step37",
+}
+
+
+def test_the_index_lists_every_configuration_and_maps_the_moe_variant_to_its_family_module():
+    from bridge_freeze_harness.tiny import TINY_FAMILIES
+
+    assert set(TINY_FAMILIES) == EXPECTED_CONFIGS
+    assert TINY_FAMILIES["qwen35_vl_moe"] == "qwen35_vl"
+    assert _index.entry("qwen35_vl_moe").factory == "make_moe_provider"
+    assert "no_such_family" not in TINY_FAMILIES
+    with pytest.raises(KeyError, match="no_such_family"):
+        _index.entry("no_such_family")
+
+
+def test_a_new_module_is_indexed_without_editing_any_list(tmp_path):
+    (tmp_path / "alpha_vl.py").write_text("REAL = True\n")
+    (tmp_path / "beta_vl.py").write_text(
+        textwrap.dedent(
+            """
+            CONFIGS = {"beta_vl": "make_provider", "beta_vl_moe": "make_moe"}
+            FAMILY = "beta"
+            """
+        )
+    )
+    (tmp_path / "_helper.py").write_text("CONFIGS = {'not_a_family': 'x'}\n")
+    assert _index.scan(tmp_path) == {
+        "alpha_vl": _index.Entry("alpha_vl", "make_provider", "alpha_vl"),
+        "beta_vl": _index.Entry("beta_vl", "make_provider", "beta"),
+        "beta_vl_moe": _index.Entry("beta_vl", "make_moe", "beta"),
+    }
+    (tmp_path / "gamma.py").write_text("CONFIGS = {'beta_vl': 'make_provider'}\n")
+    with pytest.raises(ValueError, match="beta_vl"):
+        _index.scan(tmp_path)
+
+
+def test_listing_names_imports_no_model_code():
+    code = (
+        "import sys; from bridge_freeze_harness.tiny import TINY_FAMILIES; names = sorted(TINY_FAMILIES); "
+        "print(len(names), sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformers')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(len(EXPECTED_CONFIGS)), "[]"]
+
+
+def test_every_configuration_either_trains_or_says_why_not():
+    from bridge_freeze_harness import train
+    from bridge_freeze_harness.tiny import family_module
+
+    for name in EXPECTED_CONFIGS:
+        module = family_module(name)
+        reason = getattr(module, "CANNOT_TRAIN", None)
+        has_spec = name in getattr(module, "TRAIN_SPECS", {})
+        assert has_spec != bool(reason), f"{name}: needs exactly one of TRAIN_SPECS[{name!r}] and CANNOT_TRAIN"
+        assert (name in train.trainable_families()) == has_spec
+        assert (name in train.TRAIN_SPECS) == has_spec
+
+
+def _nemotron_names() -> tuple[object, object]:
+    from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
+
+    return nemotron_vl_provider.hybrid_stack_spec, nemotron_vl_provider.LLaVAModel
+
+
+def test_cpu_build_context_applies_the_familys_any_size_patches_and_no_tiny_patch(cpu_bridge):
+    from megatron.core.models.multimodal.llava_model import LLaVAModel
+
+    from bridge_freeze_harness import cpu_build_context
+    from bridge_freeze_harness.tiny import build_context
+
+    spec_before, llava_before = _nemotron_names()
+    assert llava_before is LLaVAModel
+    with cpu_build_context("nemotron_vl"):
+        spec, llava = _nemotron_names()
+        assert spec is not spec_before  # any-size: the local hybrid spec
+        assert llava is LLaVAModel  # tiny-only: the size-shrinking stand-in is NOT applied
+    with cpu_build_context(None):
+        assert _nemotron_names() == (spec_before, llava_before)
+    with build_context("nemotron_vl"):
+        spec, llava = _nemotron_names()
+        assert spec is not spec_before and llava is not LLaVAModel
+    assert _nemotron_names() == (spec_before, llava_before)
+
+
+def test_cpu_build_context_resolves_a_registry_family_to_its_module(cpu_bridge):
+    from megatron.core.ssm.gated_delta_net import common as gdn_common
+
+    from bridge_freeze_harness import cpu_build_context
+
+    assert gdn_common.HAVE_FLA is False
+    for name in ("qwen35_vl", "qwen35_vl_moe"):
+        with cpu_build_context(name):
+            assert gdn_common.HAVE_FLA is True
+    with cpu_build_context("a_family_the_harness_does_not_know"):
+        assert gdn_common.HAVE_FLA is False
+    assert gdn_common.HAVE_FLA is False
+
+
+def test_kimi_offline_stand_ins_are_tiny_only(cpu_bridge):
+    from megatron.bridge.models.kimi_vl import modeling_kimi_k25_vl
+
+    from bridge_freeze_harness import cpu_build_context
+    from bridge_freeze_harness.tiny import build_context
+
+    original = modeling_kimi_k25_vl.get_class_from_dynamic_module
+    with cpu_build_context("kimi_k25_vl"):
+        assert modeling_kimi_k25_vl.get_class_from_dynamic_module is original
+    with build_context("kimi_k25_vl"):
+        assert modeling_kimi_k25_vl.get_class_from_dynamic_module is not original
+    assert modeling_kimi_k25_vl.get_class_from_dynamic_module is original
