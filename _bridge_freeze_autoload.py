@@ -28,8 +28,31 @@ if TYPE_CHECKING:
 ENV_DISABLE = "BRIDGE_FREEZE_DISABLE_AUTOLOAD"
 TRIGGER = "megatron.bridge"
 
+#: How ``BRIDGE_FREEZE_DISABLE_AUTOLOAD`` is read (case and surrounding spaces ignored).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+
 def autoload_disabled() -> bool:
-    return os.environ.get(ENV_DISABLE, "").strip().lower() not in ("", "0", "false", "no")
+    """``BRIDGE_FREEZE_DISABLE_AUTOLOAD`` as a boolean: 1/true/yes/on disable, unset/empty/0/false/no/off do not.
+
+    Any other value also disables autoload (the variable was set, so the user meant to opt out), with a
+    warning naming the words understood.
+    """
+    value = os.environ.get(ENV_DISABLE, "").strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    import warnings
+
+    warnings.warn(
+        f"bridge-freeze-plugin: {ENV_DISABLE}={os.environ[ENV_DISABLE]!r} is not a boolean; autoload is disabled. "
+        f"Write one of {', '.join(TRUE_WORDS)} to disable it, or one of 0, false, no, off (or unset it) to keep it.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return True
 
 
 class _RunAfterExec:
@@ -103,9 +126,10 @@ POST_IMPORT = PostImportFinder()
 
 
 def _activate(_module: ModuleType) -> None:
-    import bridge_freeze_plugin
+    # Importing the plugin activates it once; a later deactivate() by the user is respected here.
+    from bridge_freeze_plugin.activation import autoload_activate
 
-    bridge_freeze_plugin.activate()
+    autoload_activate()
 
 
 def install() -> None:

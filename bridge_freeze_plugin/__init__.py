@@ -5,9 +5,10 @@ registry of VLM families (module prefixes of each part), and a provider mixin th
 selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
 
 The flow, module by module: :mod:`~bridge_freeze_plugin.selection` (what is asked) ->
-:mod:`~bridge_freeze_plugin.registry` + :mod:`~bridge_freeze_plugin.families` (family lookup) ->
-:mod:`~bridge_freeze_plugin.mixins` (provider override) -> :mod:`~bridge_freeze_plugin.freeze`
-(pre-wrap freeze) -> :mod:`~bridge_freeze_plugin.report` (per-part report).
+:mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.registry` +
+:mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.provider` +
+:mod:`~bridge_freeze_plugin.mixins` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
+:mod:`~bridge_freeze_plugin.build` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.report`.
 """
 
 import importlib
@@ -15,18 +16,20 @@ from typing import Any
 
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
 from bridge_freeze_plugin.activation import activate, deactivate, is_active
-from bridge_freeze_plugin.distributed import PeerRankFreezeError, last_report
+from bridge_freeze_plugin.build.freeze import apply_selection
+from bridge_freeze_plugin.distributed import last_report
 from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
+    EmptyPartError,
     FamilyRegistrationError,
     FreezeFlagTypeError,
+    FreezeGuaranteeError,
     InvalidFreezeConfigError,
+    PeerRankFreezeError,
     UnclassifiedParameterError,
     UnknownFamilyError,
     UnsupportedFreezeFlagError,
 )
-from bridge_freeze_plugin.freeze import apply_selection
-from bridge_freeze_plugin.guarantee import FreezeGuaranteeError
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
 from bridge_freeze_plugin.registry import (
     REGISTRY,
@@ -67,6 +70,7 @@ __all__ = [
     "FLAGS",
     "REGISTRY",
     "BridgeFreezeError",
+    "EmptyPartError",
     "FamilyRegistrationError",
     "FamilySpec",
     "FreezableVLMProvider",

@@ -4,75 +4,64 @@
 imports ``megatron.bridge`` (see ``_bridge_freeze_autoload``). For each provider class of each
 registered family it installs, in place, once the class's module is imported:
 
-- ``provide()`` and ``provide_distributed_model()`` wrappers with the same behaviour as
-  :class:`~bridge_freeze_plugin.mixins.FreezableVLMProvider` (the freeze before the DDP wrap, the
-  build-time guarantee after every pre-wrap hook, the report);
-- ``False`` as the default of the three flags (Bridge's ``Qwen3VLMoEModelProvider`` defaults two of
-  them to ``True``); the original defaults are remembered and named in the report.
+- ``provide()`` and ``provide_distributed_model()`` wrappers running the plugin's build
+  (:mod:`bridge_freeze_plugin.build.pipeline`);
+- the three flags as :class:`~bridge_freeze_plugin.build.flags.FlagField` descriptors, defaulting to
+  ``False`` (Bridge's ``Qwen3VLMoEModelProvider`` defaults two of them to ``True``); the original
+  defaults are remembered and named in the report.
 
 So a provider constructed directly, returned by ``AutoBridge.to_megatron_provider()``, built by a
-recipe, or a user's subclass all behave alike. ``deactivate()`` undoes everything (tests, opt-outs).
-Third-party families come from the ``bridge_freeze_plugin.families`` entry-point group.
+recipe, or a user's subclass all behave alike. ``deactivate()`` undoes everything, and keeps the autoload
+hook from activating again until ``activate()`` is called. Every record of what was patched lives in
+:data:`bridge_freeze_plugin.state.STATE`.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import MISSING
+from dataclasses import MISSING as NO_DEFAULT
 from types import ModuleType
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
-from bridge_freeze_plugin.mixins.freezable import (
-    ORIGINAL_DEFAULTS,
-    FreezableVLMProvider,
-    provide_distributed_frozen,
-    provide_frozen,
-)
-from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, load_entry_point_families
-from bridge_freeze_plugin.report import is_rank0
+from bridge_freeze_plugin.build.flags import FlagField
+from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, provide_frozen
+from bridge_freeze_plugin.provider import is_plugin_class
+from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
 from bridge_freeze_plugin.selection import FLAGS
+from bridge_freeze_plugin.state import MISSING, STATE
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
-_LOCK = threading.RLock()
-_ACTIVE = False
-_MISSING_ATTR = object()
-#: class -> {attribute name: original value in the class __dict__ (or _MISSING_ATTR)}
-_PATCHED: dict[type, dict[str, Any]] = {}
-#: (function, flag) -> original default, for __init__ defaults patched in place
-_INIT_DEFAULTS: list[tuple[Callable[..., Any], str, Any]] = []
-_FIELD_DEFAULTS: list[tuple[Any, Any]] = []
-
 
 def is_active() -> bool:
-    return _ACTIVE
+    return STATE.active
 
 
 def patched_classes() -> list[type]:
-    return list(_PATCHED)
+    return list(STATE.patched)
 
 
 def activate() -> None:
     """Make every registered family's providers honour the flags (idempotent, cheap, lazy)."""
-    global _ACTIVE
-    with _LOCK:
-        if _ACTIVE:
+    with STATE.lock:
+        STATE.deactivated_by_user = False
+        if STATE.active:
             return
-        _ACTIVE = True
-    watch_registered_providers()
-
-
-def watch_registered_providers() -> None:
-    """Patch each registered provider class now or as soon as its module is imported."""
-    load_entry_point_families()
+        STATE.active = True
+    REGISTRY.load_entry_points()
     for spec in REGISTRY:
         _watch(spec)
+
+
+def autoload_activate() -> None:
+    """What the autoload hook calls: activates unless the user called :func:`deactivate`."""
+    if not STATE.deactivated_by_user:
+        activate()
 
 
 def _watch(spec: FamilySpec) -> None:
@@ -83,7 +72,7 @@ def _watch(spec: FamilySpec) -> None:
 
 def _on_register(spec: FamilySpec) -> None:
     """A family registered while the plugin is active (in code, or by an entry point) is patched too."""
-    if _ACTIVE:
+    if STATE.active:
         _watch(spec)
 
 
@@ -91,29 +80,38 @@ REGISTRY.subscribe(_on_register)
 
 
 def deactivate() -> None:
-    """Undo every patch (classes, defaults) and stop watching imports."""
-    global _ACTIVE
-    with _LOCK:
-        for cls, originals in _PATCHED.items():
+    """Undo every patch (classes, defaults); the autoload hook will not activate again on its own."""
+    with STATE.lock:
+        for cls, originals in STATE.patched.items():
             for name, value in originals.items():
-                if value is _MISSING_ATTR:
+                if value is MISSING:
                     if name in cls.__dict__:
                         delattr(cls, name)
                 else:
                     setattr(cls, name, value)
-        _PATCHED.clear()
-        for func, flag, value in _INIT_DEFAULTS:
+        STATE.patched.clear()
+        for func, flag, value in STATE.init_defaults:
             _set_function_default(func, flag, value)
-        _INIT_DEFAULTS.clear()
-        for fld, value in _FIELD_DEFAULTS:
+        STATE.init_defaults.clear()
+        for cls, flag, fld, value in STATE.field_defaults:
             fld.default = value
-        _FIELD_DEFAULTS.clear()
-        ORIGINAL_DEFAULTS.clear()
-        _ACTIVE = False
+            _restore_later_subclasses(cls, flag, fld, value)
+        STATE.field_defaults.clear()
+        STATE.original_defaults.clear()
+        STATE.active = False
+        STATE.deactivated_by_user = True
+
+
+def _restore_later_subclasses(cls: type, flag: str, fld: Any, value: Any) -> None:
+    """Subclasses dataclass'd while active baked ``False`` into their ``__init__``: give back ``value``."""
+    for klass in _all_subclasses(cls):
+        init = klass.__dict__.get("__init__")
+        if init is not None and getattr(klass, "__dataclass_fields__", {}).get(flag) is fld:
+            _set_function_default(init, flag, value)
 
 
 def _patch_from_module(module: ModuleType, qualname: str) -> None:
-    if not _ACTIVE:
+    if not STATE.active:
         return
     obj: Any = module
     for attr in qualname.split("."):
@@ -130,61 +128,65 @@ def _patch_from_module(module: ModuleType, qualname: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _wrap_provide(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def provide(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return provide_frozen(self, functools.partial(original, self), *args, **kwargs)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return run(self, functools.partial(original, self), *args, **kwargs)
 
-    provide.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
-    return provide
+    wrapper.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
 
 
-def _wrap_provide_distributed(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def provide_distributed_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return provide_distributed_frozen(self, functools.partial(original, self), *args, **kwargs)
-
-    provide_distributed_model.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
-    return provide_distributed_model
+_METHODS = (("provide", provide_frozen), ("provide_distributed_model", provide_distributed_frozen))
 
 
 def patch_provider_class(cls: type) -> None:
     """Patch one provider class in place (idempotent). Subclasses inherit the wrappers."""
-    with _LOCK:
-        if cls in _PATCHED or issubclass(cls, FreezableVLMProvider):
+    with STATE.lock:
+        if cls in STATE.patched or any(is_plugin_class(k) for k in cls.__mro__):
             return
         originals: dict[str, Any] = {}
-        for name, wrap in (("provide", _wrap_provide), ("provide_distributed_model", _wrap_provide_distributed)):
+        for name, run in _METHODS:
             current = getattr(cls, name)
             if getattr(current, "__bridge_freeze_wrapped__", None) is not None:
                 continue  # inherited from an already patched base
-            originals[name] = cls.__dict__.get(name, _MISSING_ATTR)
-            setattr(cls, name, wrap(current))
+            originals[name] = cls.__dict__.get(name, MISSING)
+            setattr(cls, name, _wrap(current, run))
+        STATE.patched[cls] = originals
         for flag in FLAGS:
-            _default_flag_to_false(cls, flag, originals)
-        _PATCHED[cls] = originals
+            _default_flag_to_false(cls, flag)
+            _install_flag(cls, flag)
         logger.debug("bridge-freeze: patched %s.%s", cls.__module__, cls.__qualname__)
 
 
-def _default_flag_to_false(cls: type, flag: str, originals: dict[str, Any]) -> None:
+def _install_flag(cls: type, flag: str) -> None:
+    """The flag as a :class:`FlagField` on ``cls`` (default False) and on subclasses that redeclare it."""
+    for klass in [cls, *_all_subclasses(cls)]:
+        current = klass.__dict__.get(flag, MISSING)
+        if klass is not cls and (current is MISSING or isinstance(current, FlagField)):
+            continue
+        if isinstance(current, FlagField):
+            continue
+        STATE.patched.setdefault(klass, {})[flag] = current
+        default = False if klass is cls or not isinstance(current, bool) else current
+        setattr(klass, flag, FlagField(default, flag))
+
+
+def _default_flag_to_false(cls: type, flag: str) -> None:
     """Make ``False`` the default of ``flag`` on ``cls`` and its existing subclasses."""
-    fields = getattr(cls, "__dataclass_fields__", {})
-    fld = fields.get(flag)
-    if fld is None or fld.default is MISSING or fld.default is False:
+    fld = getattr(cls, "__dataclass_fields__", {}).get(flag)
+    if fld is None or fld.default is NO_DEFAULT or fld.default is False:
         return
     if flag in inspect.get_annotations(cls):
-        ORIGINAL_DEFAULTS[(cls, flag)] = bool(fld.default)
-    _FIELD_DEFAULTS.append((fld, fld.default))
+        STATE.original_defaults[(cls, flag)] = bool(fld.default)
+    STATE.field_defaults.append((cls, flag, fld, fld.default))
     fld.default = False
-    if flag in cls.__dict__:
-        originals[flag] = cls.__dict__[flag]
-        setattr(cls, flag, False)
     for klass in [cls, *_all_subclasses(cls)]:
         init = klass.__dict__.get("__init__")
         if init is not None and getattr(klass, "__dataclass_fields__", {}).get(flag) is fld:
             old = _set_function_default(init, flag, False)
-            if old is not _MISSING_ATTR:
-                _INIT_DEFAULTS.append((init, flag, old))
+            if old is not MISSING:
+                STATE.init_defaults.append((init, flag, old))
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -198,7 +200,7 @@ def _all_subclasses(cls: type) -> list[type]:
 
 
 def _set_function_default(func: Any, name: str, value: Any) -> Any:
-    """Replace the default of parameter ``name`` of ``func``; returns the old one (or _MISSING_ATTR)."""
+    """Replace the default of parameter ``name`` of ``func``; returns the old one (or MISSING)."""
     code = func.__code__
     if func.__kwdefaults__ and name in func.__kwdefaults__:
         old = func.__kwdefaults__[name]
@@ -207,17 +209,10 @@ def _set_function_default(func: Any, name: str, value: Any) -> Any:
     positional = code.co_varnames[: code.co_argcount]
     defaults = func.__defaults__ or ()
     if name not in positional:
-        return _MISSING_ATTR
+        return MISSING
     index = positional.index(name) - (len(positional) - len(defaults))
     if index < 0:
-        return _MISSING_ATTR
+        return MISSING
     old = defaults[index]
     func.__defaults__ = (*defaults[:index], value, *defaults[index + 1 :])
     return old
-
-
-def import_provider_modules() -> None:
-    """Import every registered provider module now (the patches are then in place at once)."""
-    for spec in REGISTRY:
-        for path in spec.providers:
-            importlib.import_module(path.partition(":")[0])

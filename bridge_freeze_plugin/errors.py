@@ -8,6 +8,7 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── UnsupportedFreezeFlagError (ValueError) a flag on a provider no family covers
     ├── UnclassifiedParameterError (RuntimeError) a parameter under no prefix while a flag is set
     ├── FreezeGuaranteeError (RuntimeError)     after the pre-wrap hooks, what trains is not what was asked
+    ├── EmptyPartError (RuntimeError)           a part with no parameter in the whole model (a wrong table)
     ├── PeerRankFreezeError (RuntimeError)      another rank failed while the model was built
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
     │   └── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
@@ -61,6 +62,10 @@ class FreezeGuaranteeError(BridgeFreezeError, RuntimeError):
     def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
         self.violations: tuple[Violation, ...] = tuple(violations)
+
+
+class EmptyPartError(BridgeFreezeError, RuntimeError):
+    """While a flag is set, one of the three parts has no parameter in the whole model: a wrong family table."""
 
 
 class PeerRankFreezeError(BridgeFreezeError, RuntimeError):

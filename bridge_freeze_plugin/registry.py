@@ -20,13 +20,14 @@ Usage, in the spirit of timm's ``@register_model`` and PEFT's ``register_peft_me
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
-from bridge_freeze_plugin.report import is_rank0
+from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
 
 #: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
@@ -46,6 +47,58 @@ def canonical_name(name: str) -> str:
 def class_path(cls: type) -> str:
     """``"module:QualName"`` of a class, the form provider paths are registered in."""
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+#: A family name: what ``plan``, ``check-config --family`` and ``get_family()`` take.
+_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: One segment of a module path as ``named_parameters()`` spells it: an attribute name, or a list index.
+_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
+def _string_tuple(family: Any, attr: str, value: Any) -> tuple[str, ...]:
+    """``value`` as a tuple of strings (a provider class object is written as its import path)."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise FamilyRegistrationError(
+            f"family {family!r}: {attr} must be a list of strings, not {type(value).__name__} {value!r}"
+        )
+    items = []
+    for item in value:
+        if attr == "providers" and isinstance(item, type):
+            item = class_path(item)
+        if not isinstance(item, str):
+            what = "'package.module:ClassName' strings or classes" if attr == "providers" else "strings"
+            raise FamilyRegistrationError(
+                f"family {family!r}: {attr} must hold {what}, got {type(item).__name__} {item!r}"
+            )
+        items.append(item)
+    return tuple(items)
+
+
+def _check_providers(family: str, providers: tuple[str, ...]) -> None:
+    if not providers:
+        raise FamilyRegistrationError(f"family {family!r} names no provider class")
+    for path in providers:
+        module, sep, qualname = path.partition(":")
+        dotted = [*module.split("."), *qualname.split(".")]
+        if not sep or not module or not qualname or not all(s.isidentifier() for s in dotted):
+            raise FamilyRegistrationError(
+                f"family {family!r}: provider {path!r} must be written 'package.module:ClassName'"
+            )
+
+
+def _check_prefix(family: str, part: Part, prefix: str) -> None:
+    """A prefix names a module as a bare chunk's ``named_parameters()`` does, or it could never match."""
+    segments = prefix.split(".")
+    if all(_SEGMENT.fullmatch(s) for s in segments) and segments[0] != _WRAPPER_PREFIX.rstrip("."):
+        return
+    if segments[0] == _WRAPPER_PREFIX.rstrip("."):
+        why = "names a wrapper's 'module.' level, which a bare chunk does not have: drop the 'module.'"
+    else:
+        why = ("is not a dotted module path (attribute names and list indices only: no spaces, wildcards or "
+               "regular expressions; a prefix covers every parameter below it)")
+    raise FamilyRegistrationError(
+        f"family {family!r}: bad prefix {prefix!r} for {part.value}: it can never match a parameter, since it {why}"
+    )
 
 
 @dataclass(frozen=True)
@@ -79,23 +132,13 @@ class FamilySpec:
     _ordered: tuple[tuple[str, str, Part], ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _FAMILY_NAME.fullmatch(self.name):
+            raise FamilyRegistrationError(
+                f"family name {self.name!r} must be a non-empty string of letters, digits, '_', '-' or '.'"
+            )
         for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types"):
-            value = getattr(self, attr)
-            if isinstance(value, str):
-                raise FamilyRegistrationError(
-                    f"family {self.name!r}: {attr} must be a list of strings, not the string {value!r}"
-                )
-            object.__setattr__(self, attr, tuple(value))
-        if not self.name or not self.name.replace("_", "").replace("-", "").replace(".", "").isalnum():
-            raise FamilyRegistrationError(f"family name {self.name!r} must be a non-empty identifier")
-        if not self.providers:
-            raise FamilyRegistrationError(f"family {self.name!r} names no provider class")
-        for path in self.providers:
-            module, sep, qualname = path.partition(":")
-            if not sep or not module or not qualname:
-                raise FamilyRegistrationError(
-                    f"family {self.name!r}: provider {path!r} must be written 'package.module:ClassName'"
-                )
+            object.__setattr__(self, attr, _string_tuple(self.name, attr, getattr(self, attr)))
+        _check_providers(self.name, self.providers)
         for part in SELECTABLE_PARTS:
             if not self.prefixes(part):
                 raise FamilyRegistrationError(
@@ -105,8 +148,7 @@ class FamilySpec:
         index = self._index
         for part in (*SELECTABLE_PARTS, Part.OTHER):
             for prefix in self.prefixes(part):
-                if not prefix or prefix.startswith(".") or prefix.endswith("."):
-                    raise FamilyRegistrationError(f"family {self.name!r}: bad prefix {prefix!r}")
+                _check_prefix(self.name, part, prefix)
                 if prefix in index and index[prefix] is not part:
                     raise FamilyRegistrationError(
                         f"family {self.name!r}: prefix {prefix!r} is listed under both "
@@ -173,13 +215,27 @@ class FamilyRegistry:
         self._families: dict[str, FamilySpec] = {}
         self._by_provider: dict[str, FamilySpec] = {}
         self._lock = threading.RLock()
-        self._listeners: list[Callable[[FamilySpec], None]] = []
+        #: "module.qualname" -> listener: a reloaded module's listener replaces its old self
+        self._listeners: dict[str, Callable[[FamilySpec], None]] = {}
+        self._entry_points_loaded = False
 
     def subscribe(self, listener: Callable[[FamilySpec], None]) -> None:
         """Call ``listener(spec)`` after each later registration (activation patches new providers)."""
+        key = f"{getattr(listener, '__module__', '')}.{getattr(listener, '__qualname__', id(listener))}"
         with self._lock:
-            if listener not in self._listeners:
-                self._listeners.append(listener)
+            self._listeners[key] = listener
+
+    def load_entry_points(self, *, force: bool = False) -> int:
+        """Register the families other distributions declare in the ``bridge_freeze_plugin.families`` group.
+
+        Runs once per registry (``force`` re-scans); returns how many families it registered. A broken
+        entry point gives a warning naming its distribution and is skipped: it never takes down the run.
+        """
+        with self._lock:
+            if self._entry_points_loaded and not force:
+                return 0
+            self._entry_points_loaded = True
+        return len(_register_entry_points(self))
 
     def register(self, spec: FamilySpec) -> FamilySpec:
         with self._lock:
@@ -198,7 +254,7 @@ class FamilyRegistry:
             self._families[spec.name] = spec
             for path in spec.providers:
                 self._by_provider[path] = spec
-            listeners = list(self._listeners)
+            listeners = list(self._listeners.values())
         for listener in listeners:
             listener(spec)
         return spec
@@ -323,12 +379,11 @@ def _ensure_builtins() -> None:
     # Importing the package registers the built-in tables; this keeps direct
     # ``bridge_freeze_plugin.registry`` users correct too.
     importlib.import_module("bridge_freeze_plugin.families")
-    load_entry_point_families()
+    REGISTRY.load_entry_points()
 
 
 #: Entry-point group through which other installed packages register VLM families.
 ENTRY_POINT_GROUP = "bridge_freeze_plugin.families"
-_ENTRY_POINTS_LOADED = False
 
 
 def _specs_from(obj: Any) -> list[FamilySpec]:
@@ -344,16 +399,7 @@ def _specs_from(obj: Any) -> list[FamilySpec]:
     return specs
 
 
-def load_entry_point_families(*, force: bool = False) -> list[FamilySpec]:
-    """Register the families other distributions declare in the ``bridge_freeze_plugin.families`` group.
-
-    Runs once per process (``force`` re-scans). A broken entry point gives a warning naming its
-    distribution and is skipped: it never takes down the run.
-    """
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED and not force:
-        return []
-    _ENTRY_POINTS_LOADED = True
+def _register_entry_points(registry: FamilyRegistry) -> list[FamilySpec]:
     import warnings
     from dataclasses import replace
     from importlib.metadata import entry_points
@@ -365,9 +411,9 @@ def load_entry_point_families(*, force: bool = False) -> list[FamilySpec]:
             for spec in _specs_from(ep.load()):
                 if spec.source == "builtin":
                     spec = replace(spec, source=dist)
-                if REGISTRY.get_or_none(spec.name) == spec:
+                if registry.get_or_none(spec.name) == spec:
                     continue
-                registered.append(REGISTRY.register(spec))
+                registered.append(registry.register(spec))
         except Exception as exc:  # noqa: BLE001 - a third-party bug must not take the run down
             if not is_rank0():  # every rank skips it; rank 0 says so
                 continue
@@ -375,6 +421,11 @@ def load_entry_point_families(*, force: bool = False) -> list[FamilySpec]:
                 f"bridge-freeze-plugin: the family entry point {ep.name!r} of distribution {dist!r} "
                 f"({ep.value}) failed and was skipped: {exc}",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
     return registered
+
+
+def load_entry_point_families(*, force: bool = False) -> int:
+    """:meth:`FamilyRegistry.load_entry_points` of the process-wide registry."""
+    return REGISTRY.load_entry_points(force=force)

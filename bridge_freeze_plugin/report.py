@@ -7,43 +7,16 @@ is the one INFO block rank 0 logs. No per-parameter lines are ever logged at INF
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection, Part
+from bridge_freeze_plugin.counting import PartCount
+from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.selection import FreezeSelection, Part
+
+__all__ = ["DefaultOverride", "FreezeReport", "PartCount", "log_report"]
 
 logger = logging.getLogger("bridge_freeze_plugin")
-
-
-@dataclass(frozen=True)
-class PartCount:
-    """Parameter counts (elements, and tensors) of one part."""
-
-    part: Part
-    trainable: int
-    total: int
-    trainable_tensors: int
-    total_tensors: int
-
-    @property
-    def frozen(self) -> int:
-        return self.total - self.trainable
-
-    @property
-    def percent_trainable(self) -> float:
-        return 100.0 * self.trainable / self.total if self.total else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "part": self.part.value,
-            "trainable": self.trainable,
-            "total": self.total,
-            "trainable_tensors": self.trainable_tensors,
-            "total_tensors": self.total_tensors,
-            "percent_trainable": round(self.percent_trainable, 4),
-        }
 
 
 @dataclass(frozen=True)
@@ -71,7 +44,7 @@ class FreezeReport:
         for count in self.parts:
             if count.part is part:
                 return count
-        return PartCount(part, 0, 0, 0, 0)
+        return PartCount(part)
 
     @property
     def trainable(self) -> int:
@@ -114,22 +87,6 @@ class FreezeReport:
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
         return "\n".join(lines)
-
-
-def ordered_parts(counts: dict[Part, PartCount]) -> tuple[PartCount, ...]:
-    """The three selectable parts always; ``other`` only when the model has such parameters."""
-    rows = [counts.get(p, PartCount(p, 0, 0, 0, 0)) for p in SELECTABLE_PARTS]
-    if Part.OTHER in counts and counts[Part.OTHER].total_tensors:
-        rows.append(counts[Part.OTHER])
-    return tuple(rows)
-
-
-def is_rank0() -> bool:
-    """Global rank 0 (or no process group at all). Never imports torch itself."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return bool(dist.get_rank() == 0)
-    return os.environ.get("RANK", "0") == "0"
 
 
 def log_report(report: FreezeReport) -> None:

@@ -10,8 +10,8 @@ What the plugin writes onto Bridge objects, each named and documented:
 
 - on a provider **class** it patches: ``provide`` / ``provide_distributed_model`` wrappers (each with
   ``__bridge_freeze_wrapped__``, the original function) and ``False`` as the default of the three flags;
-- on a provider **instance**: ``__bridge_freeze__`` (:class:`ProviderState`: the last report, the
-  pre-wrap hook object, whether the recompute warning was given);
+- on a provider **instance**: ``__bridge_freeze__`` (:class:`ProviderState`: the last report, whether
+  the recompute warning was given);
 - on a model **chunk**: ``__bridge_freeze__`` (:class:`ChunkState`: the selection applied, whether the
   report was logged).
 
@@ -36,7 +36,6 @@ class ProviderState:
     """What the plugin keeps on one provider instance."""
 
     report: Any = None  # FreezeReport of the last build
-    hook: Any = None  # the provider's ApplySelectionHook
     recompute_warned: bool = False
 
 
@@ -79,8 +78,8 @@ class PluginState:
     patched: dict[type, dict[str, Any]] = field(default_factory=dict)
     #: (function, parameter, original default), for ``__init__`` defaults patched in place
     init_defaults: list[tuple[Callable[..., Any], str, Any]] = field(default_factory=list)
-    #: (dataclass Field, original default)
-    field_defaults: list[tuple[Any, Any]] = field(default_factory=list)
+    #: (class, flag, dataclass Field, original default): the field defaults set to False
+    field_defaults: list[tuple[type, str, Any, Any]] = field(default_factory=list)
     #: (class, flag) -> the default the class declared before activation set it to False
     original_defaults: dict[tuple[type, str], bool] = field(default_factory=dict)
     #: provider class -> its generated freezable subclass (:func:`~bridge_freeze_plugin.make_freezable`)

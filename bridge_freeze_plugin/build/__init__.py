@@ -1,0 +1,13 @@
+"""The build: what happens to a model between a provider's ``provide()`` and the DDP wrap.
+
+- :mod:`.context`: the :class:`~.context.BuildContext`, computed once per build (family, selection, labels);
+- :mod:`.pipeline`: ``provide()`` / ``provide_distributed_model()`` with the selection applied, per call and
+  per thread;
+- :mod:`.flags`: the three flags as descriptors, read as ``False`` by Bridge's own ``provide()`` during a build;
+- :mod:`.classify`: which part each parameter belongs to, by identity (wrappers and renames do not hide it);
+- :mod:`.freeze`: the freeze itself (``requires_grad`` by part);
+- :mod:`.hooks`: the pre-wrap hook chain (the plugin's freeze first, the guarantee last);
+- :mod:`.guarantee`: after every hook, what trains is exactly what was asked;
+- :mod:`.adapters`: what the plugin knows of Bridge's PEFT conventions;
+- :mod:`.collective`: an error on one rank is an error on every rank.
+"""

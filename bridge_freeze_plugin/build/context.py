@@ -1,0 +1,53 @@
+"""The build context: everything a build needs to know about what was asked, computed once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_freeze_plugin.counting import PartTally
+from bridge_freeze_plugin.provider import model_name_of, overridden_defaults, provider_label, resolve_family
+from bridge_freeze_plugin.registry import FamilySpec
+from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.selection import FreezeSelection
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What one build applies: the family, the selection, and how to name the provider and model."""
+
+    family: FamilySpec | None
+    selection: FreezeSelection
+    provider_label: str = ""
+    model_name: str | None = None
+    overridden_defaults: tuple[DefaultOverride, ...] = ()
+
+    @classmethod
+    def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
+        """Read the provider once. Raises ``UnsupportedFreezeFlagError`` for a flag no family can honour."""
+        selection = FreezeSelection.from_object(provider) if selection is None else selection
+        return cls(
+            family=resolve_family(provider, selection),
+            selection=selection,
+            provider_label=provider_label(provider),
+            model_name=model_name_of(provider),
+            overridden_defaults=overridden_defaults(provider),
+        )
+
+    @property
+    def asked(self) -> str:
+        """``"freeze_vision_model=True on Qwen3VLModelProvider (Qwen/...)"``, for messages."""
+        flags = ", ".join(f"{f}=True" for f in self.selection.set_flags()) or "no freeze flag"
+        model = f" ({self.model_name})" if self.model_name else ""
+        return f"{flags} on {self.provider_label or 'the model'}{model}"
+
+    def report(self, tally: PartTally) -> FreezeReport:
+        assert self.family is not None
+        return FreezeReport(
+            family=self.family.name,
+            provider=self.provider_label,
+            model_name=self.model_name,
+            selection=self.selection,
+            parts=tally.parts(),
+            overridden_defaults=self.overridden_defaults,
+        )

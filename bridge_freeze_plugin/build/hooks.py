@@ -1,0 +1,96 @@
+"""The pre-wrap hook the plugin hands Bridge: its freeze first, every other hook, then the guarantee.
+
+Bridge's ``provide_distributed_model`` runs one ``pre_wrap_hook`` on the bare chunks before Float16Module
+and DDP. The plugin gives it a :class:`HookChain` holding the hooks Bridge would have run (registered with
+``register_pre_wrap_hook`` or passed as ``pre_wrap_hook=``), in their order:
+
+1. the plugin's freeze on every chunk;
+2. each hook, noting the first after which the trainable set departs from the selection;
+3. the guarantee (:mod:`.guarantee`); then every rank agrees on errors (:mod:`.collective`);
+4. the model-wide report (the same on every rank), stored on the provider and logged once by rank 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bridge_freeze_plugin.build import guarantee
+from bridge_freeze_plugin.build.classify import Classifier
+from bridge_freeze_plugin.build.collective import run_agreed
+from bridge_freeze_plugin.build.context import BuildContext
+from bridge_freeze_plugin.build.freeze import claim_report, count_parts, freeze_chunks
+from bridge_freeze_plugin.distributed import model_wide_report, store_report
+from bridge_freeze_plugin.errors import EmptyPartError
+from bridge_freeze_plugin.report import FreezeReport, log_report
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS
+
+Hook = Callable[[list[Any]], Any]
+
+#: The name of the mixin's own pre-wrap hook method (users may register it; the chain runs it once).
+OWN_HOOK_METHOD = "bridge_freeze_pre_wrap_hook"
+
+
+def user_hooks(provider: Any, explicit: Any = None) -> list[Hook]:
+    """The hooks Bridge would run: ``explicit`` (``pre_wrap_hook=``) replaces the registered ones."""
+    if explicit is None:
+        hooks = list(getattr(provider, "_pre_wrap_hooks", None) or [])
+    else:
+        hooks = list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
+    return [h for h in hooks if not _is_own_hook(h, provider)]
+
+
+def _is_own_hook(hook: Any, provider: Any) -> bool:
+    return getattr(hook, "__self__", None) is provider and getattr(hook, "__name__", "") == OWN_HOOK_METHOD
+
+
+def check_parts_present(report: FreezeReport, context: BuildContext) -> None:
+    """While a flag is set, each of the three parts must have parameters in the whole model."""
+    if not context.selection.any_set or context.family is None:
+        return
+    empty = [p for p in SELECTABLE_PARTS if not report.part(p).total_tensors]
+    if empty:
+        family = context.family
+        tables = "; ".join(f"{p.value}: {', '.join(family.prefixes(p))}" for p in empty)
+        raise EmptyPartError(
+            f"{context.asked}: the model built for family {family.name!r} has no parameter at all in "
+            f"{', '.join(p.value for p in empty)} (prefixes {tables}), so the selection cannot mean what it says: "
+            f"the family's table is almost certainly wrong for this model. Compare its prefixes with the model's "
+            f"parameter names (bridge-freeze plan --json lists them) and fix the table, or unset the flags."
+        )
+
+
+class HookChain:
+    """The plugin's pre-wrap hook for one build (see the module docstring)."""
+
+    def __init__(self, provider: Any, context: BuildContext, hooks: Sequence[Hook]) -> None:
+        self.provider = provider
+        self.context = context
+        self.hooks = list(hooks)
+
+    def _run(self, model: Any) -> tuple[Any, Classifier | None]:
+        classifier = None
+        if self.context.family is not None:
+            _, classifier = freeze_chunks(model, self.context)
+        culprit: Hook | None = None
+        for hook in self.hooks:
+            out = hook(model)
+            model = model if out is None else out
+            if classifier is not None and culprit is None and guarantee.violations(model, self.context, classifier):
+                culprit = hook
+        if classifier is not None:
+            guarantee.check(model, self.context, classifier, culprit)
+        return model, classifier
+
+    def __call__(self, model: Any) -> Any:
+        model, classifier = run_agreed(lambda: self._run(model))  # an error on any rank stops every rank
+        if classifier is not None:
+            report = model_wide_report(model, count_parts(model, self.context, classifier), classifier)
+            check_parts_present(report, self.context)  # model-wide: the same verdict on every rank
+            store_report(self.provider, report)
+            if claim_report(model):
+                log_report(report)
+        return model
+
+    def __repr__(self) -> str:
+        return f"<bridge-freeze pre-wrap hook chain of {self.context.provider_label} ({len(self.hooks)} hook(s))>"

@@ -1,0 +1,119 @@
+"""``provide()`` and ``provide_distributed_model()`` with the selection applied: the build pipeline.
+
+Shared by the mixin (:class:`~bridge_freeze_plugin.mixins.FreezableVLMProvider`) and the in-place class
+patches of :mod:`~bridge_freeze_plugin.activation`. Each takes the provider and Bridge's own method.
+
+The state of a build (which provider is being built, its :class:`~.context.BuildContext`, whether inside
+Bridge's ``provide()``) is per call and per thread: two threads may build from one provider at once, and
+no attribute of the provider changes while it builds (Bridge's ``provide()`` reads the flags as ``False``
+through :mod:`.flags`, on the building thread only, so its own ``model.freeze()`` never runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_freeze_plugin.build.collective import errors_agreed
+from bridge_freeze_plugin.build.context import BuildContext
+from bridge_freeze_plugin.build.flags import flags_hidden
+from bridge_freeze_plugin.build.freeze import claim_report, freeze_chunks
+from bridge_freeze_plugin.build.hooks import HookChain, user_hooks
+from bridge_freeze_plugin.distributed import store_report
+from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.recompute import check_projection_recompute
+from bridge_freeze_plugin.report import log_report
+from bridge_freeze_plugin.state import provider_state
+
+
+@dataclass(frozen=True)
+class _Call:
+    context: BuildContext
+    distributed: bool  # inside provide_distributed_model: errors must reach every rank
+    providing: bool  # inside Bridge's provide()
+
+
+_LOCAL = threading.local()
+
+
+def _calls() -> dict[int, _Call]:
+    calls = getattr(_LOCAL, "calls", None)
+    if calls is None:
+        calls = _LOCAL.calls = {}
+    return calls
+
+
+@contextlib.contextmanager
+def _entered(provider: Any, call: _Call) -> Iterator[None]:
+    calls = _calls()
+    outer = calls.get(id(provider))
+    calls[id(provider)] = call
+    try:
+        yield
+    finally:
+        if outer is None:
+            del calls[id(provider)]
+        else:
+            calls[id(provider)] = outer
+
+
+def check_recompute(provider: Any, context: BuildContext) -> None:
+    """The full-recompute rule on the provider's own ``recompute_granularity``, before any model is built."""
+    state = provider_state(provider)
+    if check_projection_recompute(
+        context.family, context.selection, {"recompute_granularity": getattr(provider, "recompute_granularity", None)},
+        asked=context.asked, turn_off="recompute_granularity=None",
+        freeze_projection="freeze_vision_projection=True", warn=not state.recompute_warned and is_rank0(),
+    ):
+        state.recompute_warned = True
+
+
+def preflight(provider: Any) -> BuildContext:
+    """Everything the provider can tell before a model is built (raises before any build)."""
+    context = BuildContext.of(provider)
+    check_recompute(provider, context)
+    return context
+
+
+def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``build(*args, **kwargs)`` (a Bridge ``provide``) with the selection applied to the new chunk.
+
+    Checks the family BEFORE building; Bridge's own ``freeze()`` does not run; re-entrant (a patched
+    subclass calling a patched base ``provide`` applies the selection once).
+    """
+    outer = _calls().get(id(provider))
+    if outer is not None and outer.providing:
+        return build(*args, **kwargs)
+    context = preflight(provider) if outer is None else outer.context
+    distributed = outer is not None  # then an error here must stop every rank
+    with _entered(provider, _Call(context, distributed, providing=True)), flags_hidden(provider):
+        with errors_agreed(distributed):
+            model = build(*args, **kwargs)
+    if context.family is None:
+        return model
+    with errors_agreed(distributed):
+        report, _ = freeze_chunks(model, context)
+    if not distributed:  # (provide_distributed_model stores and logs the model-wide report)
+        store_report(provider, report)
+        if claim_report(model):
+            log_report(report)
+    return model
+
+
+def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``build`` is Bridge's ``provide_distributed_model``; its pre-wrap hooks run inside the plugin's chain.
+
+    The hooks registered with ``register_pre_wrap_hook`` (or passed as ``pre_wrap_hook=``) run as Bridge
+    would run them, between the plugin's freeze (first) and the guarantee (last), before Float16Module
+    and the DDP wrap.
+    """
+    if id(provider) in _calls():
+        return build(*args, **kwargs)
+    context = preflight(provider)
+    hooks = user_hooks(provider, kwargs.pop("pre_wrap_hook", None))
+    kwargs["pre_wrap_hook"] = HookChain(provider, context, hooks)
+    with _entered(provider, _Call(context, distributed=True, providing=False)):
+        return build(*args, **kwargs)
