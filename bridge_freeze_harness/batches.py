@@ -72,8 +72,48 @@ def vision_geometry(provider: Any) -> tuple[int, int, int, int]:
     return channels, int(vc.temporal_patch_size), int(vc.patch_size), int(vc.spatial_merge_size)
 
 
+#: Roles in a Qwen-style image-text sequence -> the provider field holding that role's token id.
+QWEN_ROLES: dict[str, str] = {
+    "bos": "bos_token_id",
+    "start": "vision_start_token_id",
+    "image": "image_token_id",
+    "end": "vision_end_token_id",
+    "eos": "eos_token_id",
+}
+
+
+def role_ids(spec: TrainSpec) -> dict[str, int]:
+    """role -> token id for the roles whose provider field the spec sets (a family without a BOS has none)."""
+    return {role: spec.token_ids[field] for role, field in spec.roles.items() if field in spec.token_ids}
+
+
+def text_range(spec: TrainSpec, vocab: int) -> tuple[int, int]:
+    """``[low, high)`` for random text: above the special ids at the bottom, below those at the top of the vocab."""
+    special = [int(v) for v in spec.token_ids.values()]
+    low = max((v for v in special if v < vocab // 2), default=-1) + 1
+    high = min((v for v in special if v >= vocab // 2), default=vocab)
+    return low, high
+
+
+def image_rows(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator, n_image_tokens: int) -> Batch:
+    """Rows ``[bos] text [start] image*n [end] text eos`` (bracketed roles only where the spec has them)."""
+    ids = role_ids(spec)
+    low, high = text_range(spec, int(provider.vocab_size))
+
+    def row() -> torch.Tensor:
+        parts: list[torch.Tensor | int] = [ids["bos"]] if "bos" in ids else []
+        parts.append(random_text(gen, spec.text_before, low, high))
+        parts += [ids["start"]] if "start" in ids else []
+        parts.append(torch.full((n_image_tokens,), ids["image"]))
+        parts += [ids["end"]] if "end" in ids else []
+        parts += [random_text(gen, spec.text_after, low, high), ids["eos"]]
+        return token_row(parts)
+
+    return text_batch([row() for _ in range(batch_size)], provider, ids["eos"], [ids["image"]])
+
+
 def image_text_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> Batch:
-    """Qwen-style: ``bos text vision_start image... vision_end text eos``, flattened patches + ``image_grid_thw``.
+    """Qwen-style: one image of ``spec.image_grid_thw`` patches per row, flattened patches + ``image_grid_thw``.
 
     ``pixel_values`` is ``[b * t*h*w, C * Tp * P * P]``; one image token per merged ``merge x merge`` patch group.
     """
@@ -81,27 +121,22 @@ def image_text_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch
     t, h, w = spec.image_grid_thw
     if h % merge or w % merge:
         raise ValueError(f"image grid {spec.image_grid_thw} is not a multiple of the merge size {merge}")
-    ids = spec.token_ids
-    low, vocab = max(ids.values()) + 1, int(provider.vocab_size)
-    rows = [
-        token_row(
-            [
-                ids["bos_token_id"],
-                random_text(gen, spec.text_before, low, vocab),
-                ids["vision_start_token_id"],
-                torch.full((t * h * w // (merge * merge),), ids["image_token_id"]),
-                ids["vision_end_token_id"],
-                random_text(gen, spec.text_after, low, vocab),
-                ids["eos_token_id"],
-            ]
-        )
-        for _ in range(batch_size)
-    ]
-    batch = text_batch(rows, provider, ids["eos_token_id"], [ids["image_token_id"]])
+    batch = image_rows(provider, spec, batch_size, gen, t * h * w // (merge * merge))
     patch_dim = channels * temporal_patch * patch * patch
     batch["pixel_values"] = torch.randn(batch_size * t * h * w, patch_dim, generator=gen, dtype=provider.params_dtype)
     batch["image_grid_thw"] = torch.tensor([spec.image_grid_thw] * batch_size, dtype=torch.long)
     return batch
+
+
+def with_mm_token_types(batch: Batch, spec: TrainSpec) -> Batch:
+    """Add ``mm_token_type_ids`` (0 text, 1 image), which the HF M-RoPE index of some families requires."""
+    batch["mm_token_type_ids"] = (batch["input_ids"] == role_ids(spec)["image"]).int()
+    return batch
+
+
+def image_text_batch_with_token_types(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> Batch:
+    """:func:`image_text_batch` plus ``mm_token_type_ids``."""
+    return with_mm_token_types(image_text_batch(provider, spec, batch_size, gen), spec)
 
 
 BatchBuilder = Callable[[Any, "TrainSpec", int, torch.Generator], Batch]
@@ -127,6 +162,8 @@ class TrainSpec:
     #: other provider fields for a CPU run (the fused cross entropy is torch.compile'd: seconds of
     #: inductor compilation on the first step, for the same numbers).
     cpu_overrides: Mapping[str, Any] = field(default_factory=lambda: {"cross_entropy_loss_fusion": False})
+    #: role in the synthetic sequence -> provider field of its token id (see :data:`QWEN_ROLES`).
+    roles: Mapping[str, str] = field(default_factory=lambda: dict(QWEN_ROLES))
     #: the synthetic batch: ``make_batch(provider, spec, batch_size, generator)``.
     make_batch: BatchBuilder = image_text_batch
     #: (t, h, w) of each synthetic image, in patches (for builders that use it).

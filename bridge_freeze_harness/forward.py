@@ -5,6 +5,10 @@ Generic (:func:`cpu_forward_patches`):
 - megatron-core's local ``DotProductAttention`` refuses packed-sequence (THD) parameters, which the Megatron
   vision encoders pass (one sequence per image frame); its forward turns them into a block-diagonal mask
   built from ``cu_seqlens`` (:func:`block_diagonal_mask`). Calls without packed parameters are unchanged.
+- it also refuses an additive ``attention_bias`` (Gemma3-VL passes one: causal text plus bidirectional image
+  blocks); a bias of 0 / -inf is exactly a boolean mask, which it accepts (:func:`_bias_as_mask`).
+- the local softmax's default causal and sliding-window masks are made on the CPU (megatron-core makes them
+  on "cuda"; note that with a sliding window it ignores the mask it is given).
 - ``torch.cuda.current_device`` answers ``"cpu"`` where no CUDA device exists (megatron-core's
   ``GlobalMemoryBuffer``, the local attention's score buffer, asks it for a device).
 
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 
 from bridge_freeze_harness.context import module_patches
+from bridge_freeze_harness.patching import patched
 
 
 def _segment_ids(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -35,6 +40,14 @@ def block_diagonal_mask(cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor,
     seg_q = _segment_ids(cu_seqlens_q, sq)
     seg_kv = _segment_ids(cu_seqlens_kv, sk)
     return (seg_q[:, None] != seg_kv[None, :])[None, None]
+
+
+def _bias_as_mask(bias: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """An additive bias of 0 (attend) / a very negative value (do not) as a boolean mask, ``True`` = masked."""
+    blocked = bias < torch.finfo(bias.dtype).min / 2
+    if not torch.all(blocked | (bias == 0)):
+        raise NotImplementedError("only a 0 / -inf attention bias (a mask) is handled by the CPU attention")
+    return blocked if mask is None else blocked | mask.bool()
 
 
 def _packed_as_masked(original: Any) -> Any:
@@ -51,6 +64,8 @@ def _packed_as_masked(original: Any) -> Any:
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
+        if attention_bias is not None:
+            attention_mask, attention_bias = _bias_as_mask(attention_bias, attention_mask), None
         if packed_seq_params is None:
             return original(
                 self, query, key, value, attention_mask, attn_mask_type=attn_mask_type, attention_bias=attention_bias
@@ -76,23 +91,53 @@ def _cpu_device() -> str:
     return "cpu"
 
 
+def _causal_mask(sq: int) -> torch.Tensor:
+    """``[sq, sq]``, ``True`` above the diagonal (a token does not see later ones), on the CPU."""
+    positions = torch.arange(sq)
+    return positions[None, :] > positions[:, None]
+
+
+def _sliding_window_causal_mask(sq: int, skv: int, window_size: int | tuple[int, int]) -> torch.Tensor:
+    """``[sq, skv]``, ``True`` outside ``[q - window[0], q + window[1]]`` (queries aligned to the last keys).
+
+    A plain ``int`` window (Gemma3's config field, which megatron-core's own helper cannot index) is ``(w, 0)``.
+    """
+    if isinstance(window_size, int):
+        window_size = (window_size, 0)
+    query = torch.arange(sq)[:, None] + (skv - sq)
+    key = torch.arange(skv)[None, :]
+    return ~((key >= query - window_size[0]) & (key <= query + window_size[1]))
+
+
+def _generic_patches() -> list[tuple[Any, str, Any]]:
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    patches: list[tuple[Any, str, Any]] = [
+        (DotProductAttention, "forward", _packed_as_masked(DotProductAttention.forward)),
+        # The local softmax builds its default causal / sliding-window masks on "cuda".
+        (fused_softmax, "get_default_causal_mask", _causal_mask),
+        (fused_softmax, "get_sliding_window_causal_mask", _sliding_window_causal_mask),
+    ]
+    if not torch.cuda.is_available():
+        patches.append((torch.cuda, "current_device", _cpu_device))
+    return patches
+
+
 _PATCH_LOCK = threading.RLock()
 _PATCH_DEPTH = 0
+_UNDO: list[contextlib.ExitStack] = []
 
 
 @contextlib.contextmanager
 def cpu_forward_patches() -> Iterator[None]:
     """The generic CPU forward patches (module docstring); restored on exit; re-entrant."""
     global _PATCH_DEPTH
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
     with _PATCH_LOCK:
-        original_forward = DotProductAttention.forward
-        original_current_device = torch.cuda.current_device
         if _PATCH_DEPTH == 0:
-            DotProductAttention.forward = _packed_as_masked(original_forward)  # type: ignore[method-assign]
-            if not torch.cuda.is_available():
-                torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+            stack = contextlib.ExitStack()
+            stack.enter_context(patched(_generic_patches()))
+            _UNDO.append(stack)
         _PATCH_DEPTH += 1
     try:
         yield
@@ -100,8 +145,7 @@ def cpu_forward_patches() -> Iterator[None]:
         with _PATCH_LOCK:
             _PATCH_DEPTH -= 1
             if _PATCH_DEPTH == 0:
-                DotProductAttention.forward = original_forward  # type: ignore[method-assign]
-                torch.cuda.current_device = original_current_device  # type: ignore[assignment]
+                _UNDO.pop().close()
 
 
 @contextlib.contextmanager

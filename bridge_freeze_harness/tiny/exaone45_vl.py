@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec
 
@@ -116,3 +117,16 @@ def cpu_patches() -> Iterator[None]:
     ]
     with patched(patches), local_mtp_block_spec():
         yield
+
+
+#: Trained WITHOUT the MTP block: Bridge 0.6.2's ``Exaone45Model.forward`` calls its language model with
+#: ``input_ids=None`` (the embeddings go in as ``decoder_input``), and megatron-core's MTP layer embeds
+#: ``input_ids`` again, so any forward with ``mtp_num_layers`` set fails (``embedding(): argument 'indices'
+#: must be Tensor, not NoneType``), on any device. The built (untrained) configuration keeps its MTP block.
+TRAIN_SPECS = {
+    "exaone45_vl": TrainSpec(
+        token_ids={**QWEN_TOKEN_IDS, "vision_token_id": QWEN_TOKEN_IDS["image_token_id"]},
+        projection_prefixes=("vision_model.merger.",),
+        cpu_overrides={"cross_entropy_loss_fusion": False, "mtp_num_layers": None},
+    ),
+}

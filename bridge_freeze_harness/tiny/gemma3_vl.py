@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -78,3 +81,21 @@ def make_provider(**overrides: Any) -> Any:
         image_token_id=IMAGE_TOKEN_ID,
     )
     return finalized(provider, **overrides)
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One 16x16 RGB picture per row (``pixel_values [b, 3, H, W]``, SigLIP's input), 4 image tokens for it."""
+    batch = image_rows(provider, spec, batch_size, gen, TINY_VISION["tokens_per_image"])
+    size = TINY_VISION["image_size"]
+    batch["pixel_values"] = torch.randn(batch_size, 3, size, size, generator=gen, dtype=provider.params_dtype)
+    return batch
+
+
+#: Gemma's BOS/EOS (2/1) are inside the tiny vocabulary already; no vision start/end markers are needed.
+TRAIN_SPECS = {
+    "gemma3_vl": TrainSpec(
+        token_ids={"bos_token_id": 2, "eos_token_id": 1, "image_token_id": IMAGE_TOKEN_ID},
+        projection_prefixes=("multi_modal_projector.",),
+        make_batch=train_batch,
+    ),
+}

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.batches import TrainSpec, image_text_batch_with_token_types
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized, local_mtp_block_spec
 
 REAL = True
@@ -59,3 +60,21 @@ def cpu_patches() -> Iterator[None]:
     """
     with local_mtp_block_spec():
         yield
+
+
+#: GLM's image markers (no BOS); the HF M-RoPE index needs ``mm_token_type_ids``.
+TRAIN_SPECS = {
+    "glm45v": TrainSpec(
+        token_ids={
+            "eos_token_id": 2,
+            "image_start_token_id": 3,
+            "image_end_token_id": 4,
+            "image_token_id": 6,
+            "video_token_id": 7,
+        },
+        roles={"start": "image_start_token_id", "image": "image_token_id", "end": "image_end_token_id",
+               "eos": "eos_token_id"},
+        projection_prefixes=("visual.merger.",),
+        make_batch=image_text_batch_with_token_types,
+    ),
+}

@@ -39,6 +39,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, TINY_VISION
@@ -171,3 +172,10 @@ def forward_patches() -> Iterator[None]:
 
     with patched([(gdn_common, "l2norm", _l2norm)]):
         yield
+
+
+#: Qwen-style image-text batches (Qwen3.5 providers hold the same special-token fields as Qwen3-VL).
+TRAIN_SPECS = {
+    name: TrainSpec(token_ids=QWEN_TOKEN_IDS, projection_prefixes=("vision_model.merger.",))
+    for name in ("qwen35_vl", "qwen35_vl_moe")
+}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, vision_config
 
@@ -60,3 +61,15 @@ def make_provider(**overrides: Any) -> Any:
         **TINY_IMAGE,
     )
     return finalized(provider, **overrides)
+
+
+#: As Qwen3-VL dense. Bridge's defaults freeze LM and vision encoder; training starts from all three trainable.
+TRAIN_SPECS = {
+    "qwen3_vl_moe": TrainSpec(
+        token_ids=QWEN_TOKEN_IDS,
+        projection_prefixes=("vision_model.merger.", "vision_model.decoder.deepstack_merger_list."),
+        cpu_overrides={
+            "cross_entropy_loss_fusion": False, "freeze_language_model": False, "freeze_vision_model": False
+        },
+    ),
+}
