@@ -79,7 +79,7 @@ def _check_providers(family: str, providers: tuple[str, ...]) -> None:
         raise FamilyRegistrationError(f"family {family!r} names no provider class")
     for path in providers:
         module, sep, qualname = path.partition(":")
-        dotted = [*module.split("."), *qualname.split(".")]
+        dotted = [*module.split("."), *(s for s in qualname.split(".") if s != "<locals>")]
         if not sep or not module or not qualname or not all(s.isidentifier() for s in dotted):
             raise FamilyRegistrationError(
                 f"family {family!r}: provider {path!r} must be written 'package.module:ClassName'"

@@ -33,6 +33,16 @@ FLAG_PARTS: dict[str, Part] = {
 FLAGS: tuple[str, ...] = tuple(FLAG_PARTS)
 
 
+def type_name(value: Any) -> str:
+    """``bool``, ``str``... for built-ins; ``numpy.bool`` rather than a bare ``bool`` for anything else."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _hint(value: Any) -> str:
+    return " (convert it with bool(...))" if hasattr(value, "__bool__") and type(value).__module__ != "builtins" else ""
+
+
 @dataclass(frozen=True)
 class FreezeSelection:
     """Which parts to freeze. All ``False`` (the default) trains the whole model."""
@@ -46,8 +56,8 @@ class FreezeSelection:
             value = getattr(self, f.name)
             if not isinstance(value, bool):
                 raise FreezeFlagTypeError(
-                    f"{f.name} must be a bool (true/false), got {value!r} of type {type(value).__name__}; "
-                    f"set it to True or False"
+                    f"{f.name} must be a bool (true/false), got {value!r} of type {type_name(value)}; "
+                    f"set it to True or False{_hint(value)}"
                 )
 
     @property

@@ -5,6 +5,11 @@ Each lives in THIS module under a public name that encodes the provider class it
 Bridge's ``run_config.yaml`` (``_target_: bridge_freeze_plugin.mixins.generated.Freezable...``) can look
 it up; in a fresh process, the module's ``__getattr__`` decodes the name, imports the provider class
 and makes the subclass again.
+
+Bridge only instantiates ``_target_`` paths under allowed prefixes: this module's path is added to that
+allowlist once Bridge's ``instantiate_utils`` is imported. A decoded name is honoured only for a provider
+class that Bridge's own allowlist accepts or that a registered family names, so the allowance cannot be
+used to reach any other class.
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ import importlib
 import sys
 from typing import Any
 
+from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.state import STATE
+
+#: Bridge's module that validates and instantiates ``_target_`` paths.
+_BRIDGE_INSTANTIATE = "megatron.bridge.utils.instantiate_utils"
 
 _PREFIX = "Freezable"
 #: Reversible escapes: the encoded import path uses only letters, digits and "_".
@@ -64,15 +73,39 @@ def freezable_class(cls: type) -> type:
     return generated
 
 
+def _may_extend(path: str) -> bool:
+    """Whether a decoded ``module:QualName`` may be imported: a registered provider, or Bridge allows it."""
+    from bridge_freeze_plugin.registry import REGISTRY
+
+    if any(path in spec.providers for spec in REGISTRY):
+        return True
+    instantiate_utils = sys.modules.get(_BRIDGE_INSTANTIATE)
+    allowlist = getattr(instantiate_utils, "target_allowlist", None)
+    dotted = path.replace(":", ".")
+    return allowlist is not None and not dotted.startswith(__name__) and bool(allowlist.is_allowed(dotted))
+
+
 def __getattr__(name: str) -> Any:
     """Make a freezable subclass on demand from its encoded name (unpickling in a fresh process)."""
     base_name, sep, token = name.rpartition("_x")  # the encoded path never holds "_x"
-    if not name.startswith(_PREFIX) or not sep:
+    path = _decode(token) if sep else ""
+    if not name.startswith(_PREFIX) or not _may_extend(path):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, _, qualname = _decode(token).partition(":")
+    module_name, _, qualname = path.partition(":")
     obj: Any = importlib.import_module(module_name)
     for attr in qualname.split("."):
         obj = getattr(obj, attr)
-    if not isinstance(obj, type) or base_name != f"{_PREFIX}{obj.__name__}":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not isinstance(obj, type) or base_name != f"{_PREFIX}{obj.__name__}" or not callable(
+        getattr(obj, "provide", None)
+    ):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (not a model provider class)")
     return freezable_class(obj)
+
+
+def _allow_in_bridge_targets(module: Any) -> None:
+    register = getattr(module, "register_allowed_target_prefix", None)
+    if register is not None:
+        register(__name__ + ".")
+
+
+POST_IMPORT.watch(_BRIDGE_INSTANTIATE, _allow_in_bridge_targets)
