@@ -11,7 +11,10 @@ registered family it installs, in place, once the class's module is imported:
   defaults are remembered and named in the report.
 
 So a provider constructed directly, returned by ``AutoBridge.to_megatron_provider()``, built by a
-recipe, or a user's subclass all behave alike. ``deactivate()`` undoes everything, and keeps the autoload
+recipe, or a user's subclass all behave alike. Every OTHER Bridge provider class (no family covers it)
+gets a guard on ``provide()`` / ``provide_distributed_model()`` once ``megatron.bridge`` is imported: one of
+the three flags set there raises ``UnsupportedFreezeFlagError`` instead of building with every tensor
+trainable. ``deactivate()`` undoes everything, and keeps the autoload
 hook from activating again until ``activate()`` is called. Every record of what was patched lives in
 :data:`bridge_freeze_plugin.state.STATE`.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import MISSING as NO_DEFAULT
 from types import ModuleType
@@ -29,7 +33,7 @@ from typing import Any
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.build.flags import FlagField
 from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, provide_frozen
-from bridge_freeze_plugin.provider import is_plugin_class
+from bridge_freeze_plugin.provider import is_plugin_class, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
 from bridge_freeze_plugin.selection import FLAGS
@@ -56,6 +60,10 @@ def activate() -> None:
     REGISTRY.load_entry_points()
     for spec in REGISTRY:
         _watch(spec)
+    if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
+        _guard_uncovered_providers(sys.modules[_BRIDGE])
+    else:
+        POST_IMPORT.watch(_BRIDGE, _guard_uncovered_providers)
 
 
 def autoload_activate() -> None:
@@ -90,6 +98,14 @@ def deactivate() -> None:
                 else:
                     setattr(cls, name, value)
         STATE.patched.clear()
+        for cls, originals in STATE.guarded.items():
+            for name, value in originals.items():
+                if value is MISSING:
+                    if name in cls.__dict__:
+                        delattr(cls, name)
+                else:
+                    setattr(cls, name, value)
+        STATE.guarded.clear()
         for func, flag, value in STATE.init_defaults:
             _set_function_default(func, flag, value)
         STATE.init_defaults.clear()
@@ -121,6 +137,63 @@ def _patch_from_module(module: ModuleType, qualname: str) -> None:
                 logger.warning("bridge-freeze: %s has no %s; that provider is not patched", module.__name__, qualname)
             return
     patch_provider_class(obj)
+
+
+# ------------------------------------------------------------------------------------------------
+# Guards on the providers no family covers.
+# ------------------------------------------------------------------------------------------------
+
+_BRIDGE = "megatron.bridge"
+_PROVIDER_BASE = ("megatron.bridge.models.model_provider", "ModelProviderMixin")
+
+
+def _guard(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        resolve_family(self)  # a flag set on a provider no family covers raises, before any build
+        return original(self, *args, **kwargs)
+
+    guarded.__bridge_freeze_guarded__ = original  # type: ignore[attr-defined]
+    return guarded
+
+
+def _guard_uncovered_providers(_module: ModuleType) -> None:
+    """Guard every loaded provider class no family covers, and every one defined from now on."""
+    base = getattr(sys.modules.get(_PROVIDER_BASE[0]), _PROVIDER_BASE[1], None)
+    if base is None or not STATE.active:
+        return
+    with STATE.lock:
+        for klass in [base, *_all_subclasses(base)]:
+            _guard_class(klass)
+        if "__init_subclass__" not in STATE.guarded.get(base, {}):
+            original = base.__dict__.get("__init_subclass__", MISSING)
+            STATE.guarded.setdefault(base, {})["__init_subclass__"] = original
+            base.__init_subclass__ = classmethod(_guarding_init_subclass)  # type: ignore[assignment]
+
+
+def _guarding_init_subclass(cls: type, **kwargs: Any) -> None:
+    """``__init_subclass__`` of Bridge's provider base while active: a later provider class is guarded too."""
+    base = getattr(sys.modules.get(_PROVIDER_BASE[0]), _PROVIDER_BASE[1], None)
+    original = STATE.guarded.get(base, {}).get("__init_subclass__", MISSING) if base is not None else MISSING
+    if original is not MISSING:
+        original.__get__(None, cls)(**kwargs)
+    else:
+        super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
+    if STATE.active:
+        _guard_class(cls)
+
+
+def _guard_class(klass: type) -> None:
+    if REGISTRY.for_provider_class(klass) is not None or any(is_plugin_class(k) for k in klass.__mro__):
+        return  # patched with the family's build (or the plugin's own class)
+    for name in ("provide", "provide_distributed_model"):
+        method = klass.__dict__.get(name)
+        if not callable(method) or getattr(method, "__isabstractmethod__", False):
+            continue
+        if hasattr(method, "__bridge_freeze_guarded__") or hasattr(method, "__bridge_freeze_wrapped__"):
+            continue
+        STATE.guarded.setdefault(klass, {})[name] = method
+        setattr(klass, name, _guard(method))
 
 
 # ------------------------------------------------------------------------------------------------

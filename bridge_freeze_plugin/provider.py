@@ -14,6 +14,7 @@ import inspect
 from typing import Any
 
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
+from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
 from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.report import DefaultOverride
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
@@ -61,16 +62,28 @@ def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> F
     family = family_for_provider(provider)
     if family is None and selection.any_set:
         model = model_name_of(provider)
+        reason = unsupported_reason(provider)
         supported = ", ".join(f"{f.name} ({', '.join(p.rpartition(':')[2] for p in f.providers)})"
                               for f in list_families())
         raise UnsupportedFreezeFlagError(
             f"{', '.join(f'{f}=True' for f in selection.set_flags())} was set on "
             f"{class_path(bridge_class(provider)).replace(':', '.')}{f' (model {model})' if model else ''}, "
-            f"but no bridge-freeze family covers this provider, so the flag cannot be honoured. "
-            f"Supported families: {supported}. Unset the flag, or register this model's family with "
-            f"bridge_freeze_plugin.register_family(...)."
+            f"but no bridge-freeze family covers this provider{f' ({reason})' if reason else ''}, so the flag "
+            f"cannot be honoured. Supported families: {supported}. Unset the flag, register this model's family "
+            f"with bridge_freeze_plugin.register_family(...), or leave the flag to Bridge's own freeze by opting "
+            f"out of the plugin (BRIDGE_FREEZE_DISABLE_AUTOLOAD=1 and no 'import bridge_freeze_plugin')."
         )
     return family
+
+
+def unsupported_reason(provider: Any) -> str | None:
+    """Why no family covers this provider, when the plugin knows (``families/unsupported.py``)."""
+    cls = provider if isinstance(provider, type) else type(provider)
+    for klass in cls.__mro__:
+        reason = UNSUPPORTED_PROVIDERS.get(class_path(klass))
+        if reason is not None:
+            return reason
+    return None
 
 
 def declared_default(cls: type, flag: str) -> bool | None:

@@ -8,8 +8,11 @@ re-created when this module is reloaded (see :func:`_shared_state`).
 
 What the plugin writes onto Bridge objects, each named and documented:
 
-- on a provider **class** it patches: ``provide`` / ``provide_distributed_model`` wrappers (each with
-  ``__bridge_freeze_wrapped__``, the original function) and ``False`` as the default of the three flags;
+- on a provider **class** of a registered family: ``provide`` / ``provide_distributed_model`` wrappers
+  (each with ``__bridge_freeze_wrapped__``, the original function) and the three flags as descriptors
+  defaulting to ``False``;
+- on every other Bridge provider class: ``provide`` / ``provide_distributed_model`` guards (each with
+  ``__bridge_freeze_guarded__``) that raise when one of the three flags is set, since no family covers it;
 - on a provider **instance**: ``__bridge_freeze__`` (:class:`ProviderState`: the last report, whether
   the recompute warning was given);
 - on a model **chunk**: ``__bridge_freeze__`` (:class:`ChunkState`: the selection applied, whether the
@@ -76,6 +79,8 @@ class PluginState:
     lock: threading.RLock = field(default_factory=threading.RLock)
     #: class -> {attribute name: original value in the class ``__dict__`` (or MISSING)}
     patched: dict[type, dict[str, Any]] = field(default_factory=dict)
+    #: class -> {method name: original}: guards on providers no family covers (a flag there raises)
+    guarded: dict[type, dict[str, Any]] = field(default_factory=dict)
     #: (function, parameter, original default), for ``__init__`` defaults patched in place
     init_defaults: list[tuple[Callable[..., Any], str, Any]] = field(default_factory=list)
     #: (class, flag, dataclass Field, original default): the field defaults set to False

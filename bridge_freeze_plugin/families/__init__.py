@@ -1,7 +1,8 @@
 """Built-in family tables: one :class:`~bridge_freeze_plugin.registry.FamilySpec` per VLM family.
 
-Each module here holds data only (``FAMILIES``: a list of specs). Importing this package
-registers them all in :data:`bridge_freeze_plugin.registry.REGISTRY`, once.
+Each module here holds data only: ``FAMILIES``, a list of specs (``unsupported`` holds the Bridge
+providers no family covers, and why). Importing this package registers every module's ``FAMILIES`` in
+:data:`bridge_freeze_plugin.registry.REGISTRY`, once: adding a family is adding a module.
 
 Prefixes name modules as a pre-wrap hook sees them on a bare model chunk (no ``module.``).
 Each table covers its whole model: a parameter the table does not cover makes a freeze fail
@@ -10,21 +11,21 @@ loudly (``UnclassifiedParameterError``) rather than train or freeze by accident.
 
 from __future__ import annotations
 
-from bridge_freeze_plugin.families import ernie, exaone, gemma, glm, kimi, minimax, mistral, nemotron, qwen, stepfun
+import importlib
+import pkgutil
+
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
 
-BUILTIN_FAMILIES: tuple[FamilySpec, ...] = (
-    *qwen.FAMILIES,
-    *glm.FAMILIES,
-    *kimi.FAMILIES,
-    *gemma.FAMILIES,
-    *nemotron.FAMILIES,
-    *ernie.FAMILIES,
-    *mistral.FAMILIES,
-    *minimax.FAMILIES,
-    *stepfun.FAMILIES,
-    *exaone.FAMILIES,
-)
+
+def _builtin_families() -> tuple[FamilySpec, ...]:
+    specs: list[FamilySpec] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        specs.extend(getattr(module, "FAMILIES", ()))
+    return tuple(specs)
+
+
+BUILTIN_FAMILIES: tuple[FamilySpec, ...] = _builtin_families()
 
 for _spec in BUILTIN_FAMILIES:
     if _spec.name not in REGISTRY:

@@ -1,15 +1,30 @@
-"""Nemotron-VL (Nano V2 VL): a LLaVA model under ``llava_model``."""
+"""Nemotron-VL (Nano V2 VL) and Nemotron Omni: a LLaVA model under ``llava_model``."""
 
 from bridge_freeze_plugin.registry import FamilySpec
+
+_LLAVA = {
+    "language_model": ("llava_model.language_model",),
+    "vision_model": ("llava_model.vision_model",),
+    "vision_projection": ("llava_model.vision_projection",),
+}
 
 FAMILIES = [
     FamilySpec(
         name="nemotron_vl",
         description="Nemotron Nano V2 VL (LLaVA: `llava_model.{language_model,vision_model,vision_projection}`)",
         providers=("megatron.bridge.models.nemotron_vl.nemotron_vl_provider:NemotronVLModelProvider",),
-        language_model=("llava_model.language_model",),
-        vision_model=("llava_model.vision_model",),
-        vision_projection=("llava_model.vision_projection",),
         hf_model_types=("nemotron_vl",),
+        **_LLAVA,
+    ),
+    FamilySpec(
+        name="nemotron_omni",
+        description=(
+            "Nemotron Omni (Nemotron-VL's LLaVA layout plus a sound encoder and projection, which no flag "
+            "touches: Bridge's own freeze_sound_encoder / freeze_sound_projection decide them)"
+        ),
+        providers=("megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronOmniModelProvider",),
+        hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3",),
+        other=("llava_model.sound_model", "llava_model.sound_projection"),
+        **_LLAVA,
     ),
 ]

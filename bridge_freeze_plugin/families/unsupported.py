@@ -1,0 +1,34 @@
+"""Bridge providers that declare a freeze flag the plugin knows but that no family covers, and why.
+
+A flag set on one of these (or on any other provider no family covers) raises
+``UnsupportedFreezeFlagError`` before any model is built, naming the reason below. The list is data
+checked by a test against every provider class Bridge ships: a new Bridge provider with one of the three
+flags fails that test until it gets a family or a line here.
+"""
+
+_QWEN_OMNI = (
+    "a thinker-talker model (thinker.{model,visual,audio_tower}, no vision-projection flag) whose module "
+    "layout has no family table yet"
+)
+
+#: "package.module:Class" -> why the plugin cannot honour the three flags on it.
+UNSUPPORTED_PROVIDERS: dict[str, str] = {
+    "megatron.bridge.models.qwen_omni.qwen25_omni_provider:Qwen25OmniModelProvider": _QWEN_OMNI,
+    "megatron.bridge.models.qwen_omni.qwen3_omni_provider:Qwen3OmniModelProvider": _QWEN_OMNI,
+    "megatron.bridge.models.qwen_audio.qwen2_audio_provider:Qwen2AudioModelProvider": (
+        "an audio-language model: it has no vision encoder or projection for the flags to choose; use "
+        "Bridge's own freeze_language_model / freeze_audio_* with the plugin opted out"
+    ),
+    "megatron.bridge.models.qwen3_asr.qwen3_asr_provider:Qwen3ASRModelProvider": (
+        "a speech-recognition model: no vision encoder or projection for the flags to choose"
+    ),
+    "megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronVLModelProvider": (
+        "an abstract base whose own provide() builds the text model only; use NemotronOmniModelProvider"
+    ),
+    "megatron.bridge.models.megatron_mimo.megatron_mimo_provider:MegatronMIMOProvider": (
+        "a generic multi-modality model whose parts are modality encoders / projections, not the three parts"
+    ),
+    "megatron.bridge.models.megatron_mimo.llava_provider:LlavaMegatronMIMOProvider": (
+        "a MIMO model whose parts are modality encoders / projections, not the three parts"
+    ),
+}
