@@ -23,6 +23,11 @@ logger = logging.getLogger("bridge_freeze_plugin")
 
 _MAX_NAMES_IN_ERROR = 20
 
+#: Set on every parameter the freeze classifies: its part's name (``"language_model"``...,
+#: ``"other"``). An attribute survives Float16Module, DDP and renaming wrappers (identity is kept), so
+#: optimizer parameter groups can match on it (``megatron.core.optimizer.ParamKey(attr=...)``).
+PART_ATTR = "bridge_freeze_part"
+
 
 def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Classifier]:
     """Freeze what ``context.selection`` asks for, make the rest of the three parts trainable.
@@ -49,6 +54,8 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
 
     frozen = selection.frozen_parts()
     for part, param in classified:
+        if part is not None:
+            setattr(param, PART_ATTR, part.value)
         if part in frozen:
             param.requires_grad_(False)
         elif part in SELECTABLE_PARTS:
