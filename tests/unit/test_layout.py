@@ -1,7 +1,9 @@
-"""Where the plugin imports what: its runtime path stays free of test support and of heavy libraries.
+"""Where the plugin imports what: its runtime path stays free of the CPU harness and of heavy libraries.
 
 ``bridge_freeze_harness`` (the CPU harness: TE stub, tiny configs, CPU training) is imported only by the
-``bridge-freeze demo`` and ``plan`` commands, lazily inside functions of ``cli.py`` and ``plan.py``.
+``bridge-freeze`` command's ``demo`` and ``plan`` (the ``cli`` and ``planning`` packages), lazily inside
+functions. The runtime path (everything ``import bridge_freeze_plugin``, activation and a provider build
+can reach, following every import, in function bodies too) never reaches it.
 No module of ``bridge_freeze_plugin`` imports torch, megatron or transformers at module level: importing
 the plugin (which every Megatron-Bridge import does, through activation) stays light.
 """
@@ -18,8 +20,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bridge_freeze_plugin"
 TESTING = "bridge_freeze_harness"
-#: The only modules that may import the test support, and only inside a function body.
-TESTING_IMPORTERS = {"cli.py", "plan.py"}
+#: The only modules that may import the harness (the command's demo and plan), and only inside a function body.
+TESTING_IMPORTERS_UNDER = ("cli/", "planning/", "cli.py", "plan.py")
 HEAVY = ("torch", "megatron", "transformers")
 
 
@@ -69,7 +71,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_modules_are_found():
     names = {p.relative_to(PACKAGE).as_posix() for p in MODULES}
-    assert {"__init__.py", "activation.py", "cli.py", "plan.py", "registry.py", "mixins/freezable.py"} <= names
+    assert {"__init__.py", "activation.py", "registry.py", "mixins/freezable.py", "build/pipeline.py"} <= names
 
 
 def test_the_import_scanner_tells_module_level_from_function_bodies():
@@ -97,17 +99,71 @@ def test_the_import_scanner_tells_module_level_from_function_bodies():
 def test_test_support_only_in_cli_and_plan_and_only_inside_functions(path):
     rel = path.relative_to(PACKAGE).as_posix()
     uses = [i for i in _imports(ast.parse(path.read_text(), str(path))) if _top(i.module) == TESTING]
-    if rel not in TESTING_IMPORTERS:
-        assert not uses, f"{rel} imports {TESTING} (lines {[i.line for i in uses]}); only cli.py and plan.py may"
+    if not rel.startswith(TESTING_IMPORTERS_UNDER):
+        assert not uses, f"{rel} imports {TESTING} (lines {[i.line for i in uses]}); only the CLI's demo / plan may"
     at_module_level = [i.line for i in uses if not i.in_function]
     assert not at_module_level, f"{rel} imports {TESTING} at module level, lines {at_module_level}"
 
 
-def test_cli_and_plan_do_import_the_test_support_lazily():
-    # The rule above is about these two: if they stopped importing it, TESTING_IMPORTERS would be stale.
-    for rel in sorted(TESTING_IMPORTERS):
-        uses = [i for i in _imports(ast.parse((PACKAGE / rel).read_text())) if _top(i.module) == TESTING]
-        assert uses and all(i.in_function for i in uses), rel
+def test_the_command_does_import_the_harness_lazily():
+    # The rule above is about the command: if it stopped importing the harness, the rule would be stale.
+    uses = [
+        i
+        for path in MODULES
+        if path.relative_to(PACKAGE).as_posix().startswith(TESTING_IMPORTERS_UNDER)
+        for i in _imports(ast.parse(path.read_text()))
+        if _top(i.module) == TESTING
+    ]
+    assert uses and all(i.in_function for i in uses)
+
+
+def _module_of(path: Path) -> str:
+    parts = ("bridge_freeze_plugin", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts).removesuffix(".__init__")
+
+
+def _resolve(module: str) -> Path | None:
+    if not module.startswith("bridge_freeze_plugin"):
+        return None
+    if module == "bridge_freeze_plugin":
+        return PACKAGE / "__init__.py"
+    rel = Path(*module.split(".")[1:])
+    for candidate in (PACKAGE / rel.with_suffix(".py"), PACKAGE / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _runtime_closure() -> dict[str, set[str]]:
+    """Every plugin module the runtime reaches (all imports followed, function bodies included)."""
+    roots = [PACKAGE / "__init__.py", PACKAGE / "activation.py", PACKAGE / "validation.py",
+             *sorted((PACKAGE / "build").glob("*.py")), *sorted((PACKAGE / "mixins").glob("*.py"))]
+    seen: dict[str, set[str]] = {}
+    stack = [p for p in roots if p.is_file()]
+    while stack:
+        path = stack.pop()
+        name = _module_of(path)
+        if name in seen:
+            continue
+        imported = {i.module for i in _imports(ast.parse(path.read_text(), str(path))) if not i.type_checking}
+        seen[name] = imported
+        for module in imported:
+            parts = module.split(".")
+            for end in range(len(parts), 0, -1):  # "a.b.c" may be a module, or names in "a.b"
+                found = _resolve(".".join(parts[:end]))
+                if found is not None:
+                    stack.append(found)
+                    break
+    return seen
+
+
+def test_no_runtime_module_reaches_the_harness_by_any_import():
+    closure = _runtime_closure()
+    assert {"bridge_freeze_plugin.build.pipeline", "bridge_freeze_plugin.activation"} <= set(closure)
+    offenders = {m for m, imported in closure.items() if any(_top(i) == TESTING for i in imported)}
+    assert not offenders, f"runtime modules importing {TESTING}: {sorted(offenders)}"
+    command = {m for m in closure if m.startswith(("bridge_freeze_plugin.cli", "bridge_freeze_plugin.plan"))}
+    assert not command, f"the runtime path reaches the command's modules: {sorted(command)}"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
