@@ -41,6 +41,7 @@ class Classifier:
     def __init__(self, family: FamilySpec) -> None:
         self.family = family
         self._parts: dict[int, Part | None] = {}
+        self._bare: dict[int, str] = {}
         self._names: set[str] = set()
 
     def remember(self, params: Iterable[tuple[str, Any]]) -> list[tuple[str, Part | None, Any]]:
@@ -49,6 +50,7 @@ class Classifier:
         for name, param in params:
             part = self.family.classify(name)
             self._parts[id(param)] = part
+            self._bare[id(param)] = name
             self._names.add(base_name(name))
             out.append((name, part, param))
         return out
@@ -59,6 +61,13 @@ class Classifier:
     def names_a_known_parameter(self, name: str) -> bool:
         """A newcomer under the (base) name of a parameter the freeze saw: a hook REPLACED that weight."""
         return any(candidate in self._names for candidate in self._name_candidates(name))
+
+    def bare_name(self, name: str, param: Any) -> str:
+        """The name the parameter had on the bare chunk at the freeze (newcomers: without wrapper segments)."""
+        if id(param) in self._bare:
+            return self._bare[id(param)]
+        return next((c for c in self._name_candidates(name) if self.family.classify(c) is not None),
+                    base_name(canonical_name(name)))
 
     def part(self, name: str, param: Any) -> Part | None:
         if id(param) in self._parts:

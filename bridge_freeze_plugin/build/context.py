@@ -9,7 +9,7 @@ from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.provider import model_name_of, overridden_defaults, provider_label, resolve_family
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.selection import FreezeSelection, Part
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,16 @@ class BuildContext:
             model_name=model_name_of(provider),
             overridden_defaults=overridden_defaults(provider),
         )
+
+    def wants_trainable(self, name: str, part: Part | None) -> bool | None:
+        """Whether the parameter ``name`` of ``part`` must train (``None``: not governed by the selection).
+
+        The one rule the freeze applies and the guarantee checks: a part whose flag is set is frozen, the
+        other two parts train; ``other`` and unclassified parameters are left alone.
+        """
+        if part is None or part is Part.OTHER:
+            return None
+        return part not in self.selection.frozen_parts()
 
     @property
     def asked(self) -> str:

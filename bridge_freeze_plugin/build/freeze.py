@@ -16,7 +16,7 @@ from bridge_freeze_plugin.counting import PartTally, tally_parameters
 from bridge_freeze_plugin.errors import UnclassifiedParameterError
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
+from bridge_freeze_plugin.selection import FreezeSelection
 from bridge_freeze_plugin.state import ChunkState, chunk_state, set_chunk_state
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -46,25 +46,23 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     classified = []
     for index, name, param in named_parameters(chunks):
         ((_, part, _),) = classifier.remember([(name, param)])
-        classified.append((part, param))
+        classified.append((name, part, param))
         if part is None:
             located.append(f"chunk {index}: {name}" if len(chunks) > 1 else name)
     if located and selection.any_set:
         raise _unclassified(located, context)
 
-    frozen = selection.frozen_parts()
-    for part, param in classified:
+    for name, part, param in classified:
         if part is not None:
             setattr(param, PART_ATTR, part.value)
-        if part in frozen:
-            param.requires_grad_(False)
-        elif part in SELECTABLE_PARTS:
-            param.requires_grad_(True)
+        wanted = context.wants_trainable(name, part)
+        if wanted is not None:
+            param.requires_grad_(wanted)
     for chunk in chunks:
         state = chunk_state(chunk)
         if state is None or state.selection != selection or state.family != family.name:
             set_chunk_state(chunk, ChunkState(selection, family.name))
-    report = context.report(tally_parameters(classified))
+    report = context.report(tally_parameters((part, param) for _, part, param in classified))
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("bridge-freeze applied to %d chunk(s):\n%s", len(chunks), report.format())
     return report, classifier

@@ -23,7 +23,6 @@ from bridge_freeze_plugin.build.adapters import is_peft_hook
 from bridge_freeze_plugin.build.classify import Classifier, named_parameters
 from bridge_freeze_plugin.build.context import BuildContext
 from bridge_freeze_plugin.errors import FreezeGuaranteeError, Violation
-from bridge_freeze_plugin.selection import Part
 
 __all__ = ["FreezeGuaranteeError", "Violation", "describe", "violations"]
 
@@ -38,10 +37,8 @@ def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext)
     part = classifier.part(name, param)
     if part is None:
         return None if known or not trains else "added by a hook under no prefix of the family, and trains"
-    if part is Part.OTHER:
-        return None  # not governed by a flag
-    expected = part not in selection.frozen_parts()
-    if trains == expected:
+    expected = context.wants_trainable(classifier.bare_name(name, param), part)
+    if expected is None or trains == expected:
         return None
     if not trains:
         return "is frozen, but its part was selected to train"
