@@ -14,33 +14,48 @@ from typing import Any
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
 
 #: The order of the numbers in :meth:`PartCount.as_row` / :meth:`PartTally.as_vector`.
-ROW_FIELDS: tuple[str, ...] = ("trainable", "total", "trainable_tensors", "total_tensors")
+ROW_FIELDS: tuple[str, ...] = (
+    "trainable", "total", "trainable_tensors", "total_tensors", "adapters", "adapter_tensors",
+)
 
 
 @dataclass(frozen=True)
 class PartCount:
-    """Parameter counts (elements, and tensors) of one part (``part=None``: the whole model)."""
+    """Parameter counts (elements, and tensors) of one part (``part=None``: the whole model).
+
+    ``trainable`` counts every trainable parameter; ``adapters`` the trainable ones a hook added (LoRA's
+    adapters), so ``full_rank`` = ``trainable`` - ``adapters`` trains at full rank.
+    """
 
     part: Part | None
     trainable: int = 0
     total: int = 0
     trainable_tensors: int = 0
     total_tensors: int = 0
+    adapters: int = 0
+    adapter_tensors: int = 0
 
     @property
     def frozen(self) -> int:
         return self.total - self.trainable
 
     @property
+    def full_rank(self) -> int:
+        return self.trainable - self.adapters
+
+    @property
     def percent_trainable(self) -> float:
         return 100.0 * self.trainable / self.total if self.total else 0.0
 
-    def as_row(self) -> tuple[int, int, int, int]:
-        return (self.trainable, self.total, self.trainable_tensors, self.total_tensors)
+    def as_row(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in ROW_FIELDS)
 
     def as_dict(self) -> dict[str, Any]:
+        """The counts by name; ``adapters`` / ``adapter_tensors`` only when a hook added adapters."""
         out: dict[str, Any] = {} if self.part is None else {"part": self.part.value}
         out.update(zip(ROW_FIELDS, self.as_row(), strict=True))
+        if not self.adapter_tensors:
+            del out["adapters"], out["adapter_tensors"]
         out["percent_trainable"] = round(self.percent_trainable, 4)
         return out
 
@@ -51,20 +66,24 @@ class PartTally:
     def __init__(self) -> None:
         self._rows: dict[Part, list[int]] = {}
 
-    def add(self, part: Part | None, numel: int, trainable: bool, tensors: int = 1) -> None:
+    def add(self, part: Part | None, numel: int, trainable: bool, tensors: int = 1, adapter: bool = False) -> None:
         """Count ``numel`` elements in ``part`` (``None``: under no prefix, counted as ``other``).
 
-        ``tensors`` is how many model tensors this is (0 for a second shard of a tensor already counted).
+        ``tensors`` is how many model tensors this is (0 for a second shard of a tensor already counted);
+        ``adapter``: a trainable parameter a hook added (not a base weight).
         """
-        row = self._rows.setdefault(Part.OTHER if part is None else part, [0, 0, 0, 0])
+        row = self._rows.setdefault(Part.OTHER if part is None else part, [0] * len(ROW_FIELDS))
         row[1] += numel
         row[3] += tensors
         if trainable:
             row[0] += numel
             row[2] += tensors
+            if adapter:
+                row[4] += numel
+                row[5] += tensors
 
     def count(self, part: Part) -> PartCount:
-        return PartCount(part, *self._rows.get(part, (0, 0, 0, 0)))
+        return PartCount(part, *self._rows.get(part, [0] * len(ROW_FIELDS)))
 
     def parts(self) -> tuple[PartCount, ...]:
         """The three selectable parts always; ``other`` only when the model has such tensors."""
@@ -80,7 +99,7 @@ class PartTally:
 
     def as_vector(self) -> list[int]:
         """Every part's row, in :class:`Part` order (for an ``all_reduce``)."""
-        return [n for part in Part for n in self._rows.get(part, (0, 0, 0, 0))]
+        return [n for part in Part for n in self._rows.get(part, [0] * len(ROW_FIELDS))]
 
     @classmethod
     def from_vector(cls, vector: Iterable[int]) -> PartTally:

@@ -48,7 +48,8 @@ def _local_tally(model: Any, classifier: Classifier, parallel_state: Any) -> Par
         if not (getattr(param, "tensor_model_parallel", False) or first_tp):
             continue  # duplicated over tensor-parallel ranks: counted by tensor-parallel rank 0
         # A sharded tensor is one tensor of the model: only its first shard counts as a tensor.
-        tally.add(classifier.part(name, param), int(param.numel()), bool(param.requires_grad), int(first_tp))
+        trains, adapter = bool(param.requires_grad), not classifier.known(param)
+        tally.add(classifier.part(name, param), int(param.numel()), trains, int(first_tp), adapter=trains and adapter)
     return tally
 
 

@@ -105,7 +105,9 @@ def count_parts(model: Any, context: BuildContext, classifier: Classifier | None
     classifier = classifier or Classifier(context.family)
     tally = PartTally()
     for _, name, param in named_parameters(model):
-        tally.add(classifier.part(name, param), int(param.numel()), bool(param.requires_grad))
+        trains = bool(param.requires_grad)
+        adapter = trains and not classifier.known(param)  # added by a hook (LoRA): not a base weight
+        tally.add(classifier.part(name, param), int(param.numel()), trains, adapter=adapter)
     return context.report(tally)
 
 
