@@ -17,6 +17,7 @@ from typing import Any
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
 from bridge_freeze_plugin.activation import activate, deactivate, is_active
 from bridge_freeze_plugin.build.freeze import apply_selection
+from bridge_freeze_plugin.build.lora import trainable_state_dict
 from bridge_freeze_plugin.distributed import last_report
 from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
@@ -25,6 +26,7 @@ from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,
     FreezeGuaranteeError,
     InvalidFreezeConfigError,
+    LoraOverlapError,
     PeerRankFreezeError,
     UnclassifiedParameterError,
     UnknownFamilyError,
@@ -79,6 +81,7 @@ __all__ = [
     "FreezeReport",
     "FreezeSelection",
     "InvalidFreezeConfigError",
+    "LoraOverlapError",
     "LoraSettings",
     "Part",
     "PartCount",
@@ -100,6 +103,7 @@ __all__ = [
     "make_freezable",
     "read_selection",
     "register_family",
+    "trainable_state_dict",
     "validate_config",
     "validate_rl_config",
     "validate_selection",

@@ -8,6 +8,7 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── UnsupportedFreezeFlagError (ValueError) a flag on a provider no family covers
     ├── UnclassifiedParameterError (RuntimeError) a parameter under no prefix while a flag is set
     ├── FreezeGuaranteeError (RuntimeError)     after the pre-wrap hooks, what trains is not what was asked
+    ├── LoraOverlapError (RuntimeError)         LoRA adapters on a parameter meant to train at full rank
     ├── EmptyPartError (RuntimeError)           a part with no parameter in the whole model (a wrong table)
     ├── PeerRankFreezeError (RuntimeError)      another rank failed while the model was built
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
@@ -62,6 +63,17 @@ class FreezeGuaranteeError(BridgeFreezeError, RuntimeError):
     def __init__(self, message: str, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
         self.violations: tuple[Violation, ...] = tuple(violations)
+
+
+class LoraOverlapError(BridgeFreezeError, RuntimeError):
+    """LoRA put adapters on (wrapped or replaced) parameters that the selection trains at full rank.
+
+    ``parameters`` lists every one of them (the message shows the first few).
+    """
+
+    def __init__(self, message: str, parameters: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.parameters: tuple[str, ...] = tuple(parameters)
 
 
 class EmptyPartError(BridgeFreezeError, RuntimeError):

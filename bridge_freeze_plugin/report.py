@@ -70,18 +70,21 @@ class FreezeReport:
         }
 
     def format(self) -> str:
+        """One block: per part trainable / total (and, with LoRA, full-rank / adapters), then the total."""
         model = f" ({self.model_name})" if self.model_name else ""
+        with_adapters = any(c.adapter_tensors for c in self.parts)
+        extra = f" {'full-rank':>14} {'adapters':>12}" if with_adapters else ""
         lines = [
-            f"bridge-freeze: {self.provider}{model}, family {self.family}: {self.selection.describe()}",
-            f"  {'part':<18} {'trainable':>14} {'total':>14} {'%':>7}",
+            f"bridge-freeze: {self.provider}{model}, family {self.family}: {self.selection.describe()}"
+            + (" (+ LoRA adapters)" if with_adapters else ""),
+            f"  {'part':<18} {'trainable':>14}{extra} {'total':>14} {'%':>7}",
         ]
-        for count in self.parts:
+        total = PartCount(None, *(sum(col) for col in zip(*(c.as_row() for c in self.parts), strict=True)))
+        for label, count in [*((c.part.value, c) for c in self.parts if c.part is not None), ("total", total)]:
+            split = f" {count.full_rank:>14,} {count.adapters:>12,}" if with_adapters else ""
             lines.append(
-                f"  {count.part.value:<18} {count.trainable:>14,} {count.total:>14,} "
-                f"{count.percent_trainable:>6.1f}%"
+                f"  {label:<18} {count.trainable:>14,}{split} {count.total:>14,} {count.percent_trainable:>6.1f}%"
             )
-        pct = 100.0 * self.trainable / self.total if self.total else 0.0
-        lines.append(f"  {'total':<18} {self.trainable:>14,} {self.total:>14,} {pct:>6.1f}%")
         if self.overridden_defaults:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)

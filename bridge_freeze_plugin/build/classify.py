@@ -42,6 +42,7 @@ class Classifier:
         self.family = family
         self._parts: dict[int, Part | None] = {}
         self._bare: dict[int, str] = {}
+        self._params: dict[int, Any] = {}
         self._names: set[str] = set()
 
     def remember(self, params: Iterable[tuple[str, Any]]) -> list[tuple[str, Part | None, Any]]:
@@ -51,9 +52,15 @@ class Classifier:
             part = self.family.classify(name)
             self._parts[id(param)] = part
             self._bare[id(param)] = name
+            self._params[id(param)] = param
             self._names.add(base_name(name))
             out.append((name, part, param))
         return out
+
+    def remembered(self) -> Iterator[tuple[str, Part | None, Any]]:
+        """(bare name, part, parameter) of every parameter the freeze saw."""
+        for key, param in self._params.items():
+            yield self._bare[key], self._parts[key], param
 
     def known(self, param: Any) -> bool:
         return id(param) in self._parts

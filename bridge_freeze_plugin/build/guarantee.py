@@ -7,9 +7,10 @@ other hooks such as plain LoRA decide):
 
 - a parameter of a frozen part must be frozen; one of a trained part must be trainable. Parameters the
   freeze saw are recognised by identity, so a hook that wraps or renames (``torch.compile``) hides none;
-- a parameter a hook added may train in a frozen part only when all three parts are frozen (LoRA
-  adapters over a frozen model). A new tensor under the name of a base parameter (a hook that replaced
-  the weight) is not an adapter: it is the base weight, and must be frozen in a frozen part;
+- a parameter a hook added may train in a frozen part when a PEFT hook ran (LoRA's adapters: trainable =
+  adapters + full-rank parts, exactly) or all three parts are frozen. A new tensor under the name of a
+  base parameter (a hook that replaced the weight) is not an adapter: it is the base weight, and must be
+  frozen in a frozen part;
 - a trainable parameter a hook added that no prefix of the family covers (a new head) is a violation:
   the plugin cannot tell which part it belongs to, so it cannot promise it was asked for.
 """
@@ -29,7 +30,7 @@ __all__ = ["FreezeGuaranteeError", "Violation", "describe", "violations"]
 _SHOWN = 12
 
 
-def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext) -> str | None:
+def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext, adapters: bool) -> str | None:
     """Why ``param`` departs from the selection, or ``None`` when it does not."""
     selection = context.selection
     trains = bool(param.requires_grad)
@@ -46,17 +47,17 @@ def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext)
         return "trains, but its part is frozen"
     if classifier.names_a_known_parameter(name):
         return "replaced by a hook and trains in a frozen part"
-    if selection.all_set:
-        return None  # an adapter over a fully frozen model (LoRA, all three flags)
+    if adapters or selection.all_set:
+        return None  # an adapter (a PEFT hook ran, or LoRA over a fully frozen model)
     return "added by a hook and trains in a frozen part"
 
 
-def violations(model: Any, context: BuildContext, classifier: Classifier) -> list[Violation]:
+def violations(model: Any, context: BuildContext, classifier: Classifier, *, adapters: bool = False) -> list[Violation]:
     if not context.selection.any_set:
         return []
     found = []
     for _, name, param in named_parameters(model):
-        why = _judge(name, param, classifier, context)
+        why = _judge(name, param, classifier, context, adapters)
         if why is not None:
             found.append(Violation(name, bool(param.requires_grad), why))
     # What the selection asked to train but is frozen comes first: that is what users lose.
@@ -77,8 +78,9 @@ def describe(found: Sequence[Violation], context: BuildContext, culprit: Any | N
 
         cause = f" The trainable set first departed from the selection after pre-wrap hook {hook_name(culprit)}."
         hint = (
-            " Bridge's PEFT/LoRA hook freezes the whole base model before adding adapters: LoRA is only "
-            "supported with no freeze flag or with all three set; drop LoRA or set all three flags."
+            " It looks like a PEFT hook the plugin could not find a megatron.bridge PEFT object in (the plugin "
+            "restores the full-rank parts after Bridge's own PEFT hook, or a PEFT object registered as the hook); "
+            "register the PEFT object itself as the pre-wrap hook, or set the flags of every part it freezes."
             if is_peft_hook(culprit)
             else " Remove or reorder that hook, or change the freeze flags."
         )
@@ -90,8 +92,10 @@ def describe(found: Sequence[Violation], context: BuildContext, culprit: Any | N
     )
 
 
-def check(model: Any, context: BuildContext, classifier: Classifier, culprit: Any | None) -> None:
+def check(
+    model: Any, context: BuildContext, classifier: Classifier, culprit: Any | None, *, adapters: bool = False
+) -> None:
     """Raise :class:`FreezeGuaranteeError` if the trainable set departs from the selection."""
-    found = violations(model, context, classifier)
+    found = violations(model, context, classifier, adapters=adapters)
     if found:
         raise FreezeGuaranteeError(describe(found, context, culprit), found)

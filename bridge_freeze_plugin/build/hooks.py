@@ -6,6 +6,7 @@ and DDP. The plugin gives it a :class:`HookChain` holding the hooks Bridge would
 
 1. the plugin's freeze on every chunk;
 2. each hook, noting the first after which the trainable set departs from the selection;
+   right after a PEFT (LoRA) hook, the full-rank parts are restored and checked for overlap (:mod:`.lora`);
 3. the guarantee (:mod:`.guarantee`); then every rank agrees on errors (:mod:`.collective`);
 4. the model-wide report (the same on every rank), stored on the provider and logged once by rank 0.
 """
@@ -16,10 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bridge_freeze_plugin.build import guarantee
+from bridge_freeze_plugin.build.adapters import hook_name
 from bridge_freeze_plugin.build.classify import Classifier
 from bridge_freeze_plugin.build.collective import run_agreed
 from bridge_freeze_plugin.build.context import BuildContext
 from bridge_freeze_plugin.build.freeze import claim_report, count_parts, freeze_chunks
+from bridge_freeze_plugin.build.lora import after_peft, find_peft
 from bridge_freeze_plugin.distributed import model_wide_report, store_report
 from bridge_freeze_plugin.errors import EmptyPartError
 from bridge_freeze_plugin.report import FreezeReport, log_report
@@ -73,13 +76,20 @@ class HookChain:
         if self.context.family is not None:
             _, classifier = freeze_chunks(model, self.context)
         culprit: Hook | None = None
+        adapters = False  # a PEFT hook ran: trainable parameters it added are adapters
         for hook in self.hooks:
             out = hook(model)
             model = model if out is None else out
-            if classifier is not None and culprit is None and guarantee.violations(model, self.context, classifier):
+            if classifier is None:
+                continue
+            peft = find_peft(hook)
+            if peft is not None:
+                adapters = True
+                after_peft(model, self.context, classifier, peft, hook_name(hook))
+            if culprit is None and guarantee.violations(model, self.context, classifier, adapters=adapters):
                 culprit = hook
         if classifier is not None:
-            guarantee.check(model, self.context, classifier, culprit)
+            guarantee.check(model, self.context, classifier, culprit, adapters=adapters)
         return model, classifier
 
     def __call__(self, model: Any) -> Any:
