@@ -84,12 +84,13 @@ QWEN_ROLES: dict[str, str] = {
 
 def role_ids(spec: TrainSpec) -> dict[str, int]:
     """role -> token id for the roles whose provider field the spec sets (a family without a BOS has none)."""
-    return {role: spec.token_ids[field] for role, field in spec.roles.items() if field in spec.token_ids}
+    ids = spec.all_ids()
+    return {role: ids[field] for role, field in spec.roles.items() if field in ids}
 
 
 def text_range(spec: TrainSpec, vocab: int) -> tuple[int, int]:
     """``[low, high)`` for random text: above the special ids at the bottom, below those at the top of the vocab."""
-    special = [int(v) for v in spec.token_ids.values()]
+    special = [int(v) for v in spec.all_ids().values()]
     low = max((v for v in special if v < vocab // 2), default=-1) + 1
     high = min((v for v in special if v >= vocab // 2), default=vocab)
     return low, high
@@ -112,12 +113,15 @@ def image_rows(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Gener
     return text_batch([row() for _ in range(batch_size)], provider, ids["eos"], [ids["image"]])
 
 
-def image_text_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> Batch:
-    """Qwen-style: one image of ``spec.image_grid_thw`` patches per row, flattened patches + ``image_grid_thw``.
+def flat_patch_batch(
+    provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator, geometry: tuple[int, int, int, int]
+) -> Batch:
+    """One image of ``spec.image_grid_thw`` patches per row, as flattened patches plus ``image_grid_thw``.
 
-    ``pixel_values`` is ``[b * t*h*w, C * Tp * P * P]``; one image token per merged ``merge x merge`` patch group.
+    ``geometry`` is (channels, temporal patch, patch, merge); ``pixel_values`` is ``[b * t*h*w, C * Tp * P * P]``;
+    one image token per merged ``merge x merge`` patch group.
     """
-    channels, temporal_patch, patch, merge = vision_geometry(provider)
+    channels, temporal_patch, patch, merge = geometry
     t, h, w = spec.image_grid_thw
     if h % merge or w % merge:
         raise ValueError(f"image grid {spec.image_grid_thw} is not a multiple of the merge size {merge}")
@@ -126,6 +130,11 @@ def image_text_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch
     batch["pixel_values"] = torch.randn(batch_size * t * h * w, patch_dim, generator=gen, dtype=provider.params_dtype)
     batch["image_grid_thw"] = torch.tensor([spec.image_grid_thw] * batch_size, dtype=torch.long)
     return batch
+
+
+def image_text_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> Batch:
+    """Qwen-style: :func:`flat_patch_batch` with the geometry of ``provider.vision_config``."""
+    return flat_patch_batch(provider, spec, batch_size, gen, vision_geometry(provider))
 
 
 def with_mm_token_types(batch: Batch, spec: TrainSpec) -> Batch:
@@ -157,6 +166,8 @@ class TrainSpec:
 
     #: provider fields set before the model is built so special tokens fit the tiny vocabulary.
     token_ids: Mapping[str, int] = field(default_factory=dict)
+    #: special token ids the batch uses that are no provider field (e.g. a BOS the model never looks at).
+    batch_ids: Mapping[str, int] = field(default_factory=dict)
     #: parameter-name prefixes of the vision projection (as a bare chunk names them).
     projection_prefixes: tuple[str, ...] = ()
     #: other provider fields for a CPU run (the fused cross entropy is torch.compile'd: seconds of
@@ -175,6 +186,9 @@ class TrainSpec:
     forward_keys: Mapping[str, str] | None = None
     #: the scalar loss from the model's output and the batch.
     loss: LossFn = masked_mean_loss
+
+    def all_ids(self) -> dict[str, int]:
+        return {**self.batch_ids, **self.token_ids}
 
     def forward_kwargs(self, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         keys = self.forward_keys if self.forward_keys is not None else {k: k for k in batch}

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, random_text, text_batch, text_range, token_row
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -125,3 +128,48 @@ def make_provider(**overrides: Any) -> Any:
         **TOKEN_IDS,
     )
     return finalized(provider, **overrides)
+
+
+#: Synthetic media: an 8x8-patch image (16 soft tokens after the 2x2 pooling) and 16 frames of audio
+#: features (8 bins: the tiny subsampling projection's input width) -> 4 audio tokens.
+IMAGE_GRID = (8, 8)
+AUDIO_FRAMES, AUDIO_BINS, AUDIO_TOKENS = 16, 8, 4
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """``bos text image*16 text audio*4 eos`` per row; patches + (x, y) patch positions; audio features."""
+    gh, gw = IMAGE_GRID
+    image_tokens = gh * gw // (vision_config().pooling_kernel_size ** 2)
+    low, high = text_range(spec, int(provider.vocab_size))
+    rows = [
+        token_row(
+            [
+                spec.token_ids["bos_token_id"],
+                random_text(gen, spec.text_before, low, high),
+                torch.full((image_tokens,), spec.token_ids["image_token_id"]),
+                random_text(gen, spec.text_after, low, high),
+                torch.full((AUDIO_TOKENS,), spec.token_ids["audio_token_id"]),
+                spec.token_ids["eos_token_id"],
+            ]
+        )
+        for _ in range(batch_size)
+    ]
+    no_loss = [spec.token_ids["image_token_id"], spec.token_ids["audio_token_id"]]
+    batch = text_batch(rows, provider, spec.token_ids["eos_token_id"], no_loss)
+    patch = vision_config().patch_size
+    dtype = provider.params_dtype
+    batch["pixel_values"] = torch.rand(batch_size, gh * gw, 3 * patch * patch, generator=gen, dtype=dtype)
+    ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    batch["image_position_ids"] = torch.stack([xs.flatten(), ys.flatten()], dim=-1).expand(batch_size, -1, -1)
+    batch["input_features"] = torch.randn(batch_size, AUDIO_FRAMES, AUDIO_BINS, generator=gen, dtype=dtype)
+    return batch
+
+
+#: Image AND audio in every row, so the audio tower and ``embed_audio`` (no flag's part) train too.
+TRAIN_SPECS = {
+    "gemma4_vl": TrainSpec(
+        token_ids={"bos_token_id": 2, "eos_token_id": 1, **TOKEN_IDS},
+        projection_prefixes=("embed_vision.",),
+        make_batch=train_batch,
+    ),
+}

@@ -18,6 +18,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, flat_patch_batch
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
 REAL = True
@@ -62,3 +65,20 @@ def make_provider(**overrides: Any) -> Any:
         video_token_id=121,
     )
     return finalized(provider, **overrides)
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Qwen-style flattened patches of an 8x8-patch image (16 image tokens), geometry from :data:`TINY_VISION`."""
+    geometry = (3, TINY_VISION["temporal_patch_size"], TINY_VISION["patch_size"], TINY_VISION["spatial_merge_size"])
+    return flat_patch_batch(provider, spec, batch_size, gen, geometry)
+
+
+#: No provider field holds BOS / EOS; the image / video placeholders are the tiny configuration's.
+TRAIN_SPECS = {
+    "minimax_m3_vl": TrainSpec(
+        token_ids={"image_token_id": 120, "video_token_id": 121},
+        batch_ids={"bos_token_id": 1, "eos_token_id": 2},
+        projection_prefixes=("multi_modal_projector.", "patch_merge_mlp."),
+        make_batch=train_batch,
+    ),
+}

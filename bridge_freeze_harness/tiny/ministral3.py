@@ -19,6 +19,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -102,3 +105,29 @@ def cpu_patches() -> Iterator[None]:
 
     with patched([(ministral3_provider, "MinistralTEDotProductAttention", DotProductAttention)]):
         yield
+
+
+#: One 32x32 picture: 4x4 Pixtral patches of 8 px, merged 2x2 by the projector -> 4 image tokens.
+IMAGE_PIXELS = 32
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """``bos text image*4 text eos`` per row; ``pixel_values [b, 3, H, W]`` and their ``image_sizes``."""
+    vision = provider.hf_config.vision_config
+    tokens = (IMAGE_PIXELS // vision.patch_size // provider.hf_config.spatial_merge_size) ** 2
+    batch = image_rows(provider, spec, batch_size, gen, tokens)
+    shape = (batch_size, 3, IMAGE_PIXELS, IMAGE_PIXELS)
+    batch["pixel_values"] = torch.randn(*shape, generator=gen, dtype=provider.params_dtype)
+    batch["image_sizes"] = torch.tensor([[IMAGE_PIXELS, IMAGE_PIXELS]] * batch_size)
+    return batch
+
+
+#: Mistral's BOS / EOS ids are 1 / 2 (no provider field holds them); the image placeholder is the HF config's.
+TRAIN_SPECS = {
+    "ministral3": TrainSpec(
+        token_ids={"image_token_id": 10},
+        batch_ids={"bos_token_id": 1, "eos_token_id": 2},
+        projection_prefixes=("multi_modal_projector.",),
+        make_batch=train_batch,
+    ),
+}
