@@ -20,6 +20,7 @@ from bridge_freeze_plugin.build.freeze import apply_selection
 from bridge_freeze_plugin.build.lora import trainable_state_dict
 from bridge_freeze_plugin.distributed import last_report
 from bridge_freeze_plugin.errors import (
+    AdapterExportError,
     BridgeFreezeError,
     EmptyPartError,
     FamilyRegistrationError,
@@ -71,6 +72,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FLAGS",
     "REGISTRY",
+    "AdapterExportError",
     "BridgeFreezeError",
     "EmptyPartError",
     "FamilyRegistrationError",

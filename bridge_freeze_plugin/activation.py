@@ -33,6 +33,7 @@ from typing import Any
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.build.flags import FlagField
 from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, provide_frozen
+from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.provider import is_plugin_class, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
@@ -60,6 +61,7 @@ def activate() -> None:
     REGISTRY.load_entry_points()
     for spec in REGISTRY:
         _watch(spec)
+    POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
         _guard_uncovered_providers(sys.modules[_BRIDGE])
     else:
@@ -181,6 +183,19 @@ def _guarding_init_subclass(cls: type, **kwargs: Any) -> None:
         super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
     if STATE.active:
         _guard_class(cls)
+
+
+def _guard_adapter_exports(module: ModuleType) -> None:
+    """Bridge's adapter-only exports refuse a run with full-rank parts (:mod:`bridge_freeze_plugin.exports`)."""
+    cls = getattr(module, AUTO_BRIDGE[1], None)
+    if cls is None or not STATE.active:
+        return
+    with STATE.lock:
+        for name, guard in GUARDS.items():
+            method = cls.__dict__.get(name)
+            if callable(method) and not hasattr(method, "__bridge_freeze_wrapped__"):
+                STATE.guarded.setdefault(cls, {})[name] = method
+                setattr(cls, name, guard(name, method))
 
 
 def _guard_class(klass: type) -> None:

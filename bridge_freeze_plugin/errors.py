@@ -9,6 +9,7 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── UnclassifiedParameterError (RuntimeError) a parameter under no prefix while a flag is set
     ├── FreezeGuaranteeError (RuntimeError)     after the pre-wrap hooks, what trains is not what was asked
     ├── LoraOverlapError (RuntimeError)         LoRA adapters on a parameter meant to train at full rank
+    ├── AdapterExportError (RuntimeError)       an adapter-only export would lose full-rank parts
     ├── EmptyPartError (RuntimeError)           a part with no parameter in the whole model (a wrong table)
     ├── PeerRankFreezeError (RuntimeError)      another rank failed while the model was built
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
@@ -74,6 +75,10 @@ class LoraOverlapError(BridgeFreezeError, RuntimeError):
     def __init__(self, message: str, parameters: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.parameters: tuple[str, ...] = tuple(parameters)
+
+
+class AdapterExportError(BridgeFreezeError, RuntimeError):
+    """An adapter-only export of a LoRA run that also trains full-rank parts (they would be lost)."""
 
 
 class EmptyPartError(BridgeFreezeError, RuntimeError):

@@ -274,3 +274,44 @@ def test_trainable_state_dict_holds_adapters_and_full_rank_parts_under_checkpoin
     assert all(not v.requires_grad for v in state.values())  # detached copies' views, not the parameters
     assert [set(d) for d in bfp.trainable_state_dict(chunks)] == [set(state)]
 
+
+
+# ---- Bridge's adapter-only exports would lose the full-rank parts: they refuse ----
+
+
+def test_adapter_only_exports_of_a_model_with_full_rank_parts_refuse(cpu_bridge):
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+    _, chunks = build_qwen3(FreezeSelection(True, True, False), lora(["linear_qkv"]))
+    for export in (AutoBridge.export_adapter_weights, AutoBridge.save_hf_adapter):
+        with pytest.raises(bfp.AdapterExportError, match="vision_projection at full rank"):
+            export(None, chunks, "out", None)  # refused before the bridge itself is used
+
+
+def test_adapter_only_export_of_a_checkpoint_with_full_rank_parts_refuses(cpu_bridge, tmp_path):
+    import yaml
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+    run = {"model": {"freeze_language_model": True, "freeze_vision_model": False, "freeze_vision_projection": True},
+           "peft": {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 4}}
+    (tmp_path / "iter_0000010").mkdir()
+    (tmp_path / "run_config.yaml").write_text(yaml.safe_dump(run))
+    with pytest.raises(bfp.AdapterExportError, match="vision_model at full rank"):
+        AutoBridge.export_adapter_ckpt(None, tmp_path / "iter_0000010", tmp_path / "out")
+
+
+def test_adapter_exports_of_adapter_only_runs_are_left_to_bridge(cpu_bridge, tmp_path):
+    import yaml
+
+    from bridge_freeze_plugin.exports import full_rank_parts_of_checkpoint, full_rank_parts_of_model
+
+    _, chunks = build_qwen3(FreezeSelection(True, True, True), lora(["linear_qkv"]))
+    assert full_rank_parts_of_model(chunks) == []
+    _, chunks = build_qwen3(FreezeSelection(True, False, False), lora(["language_model.*linear_qkv"]))
+    assert full_rank_parts_of_model(chunks) == ["vision_model", "vision_projection"]
+    cases = [((True, True, True), {"dim": 4}, []), ((False, False, False), {"dim": 4}, []),
+             ((True, False, True), None, []), ((True, False, True), {"dim": 4}, ["vision_model"])]
+    for flags, peft, expected in cases:
+        model = dict(zip(bfp.FLAGS, flags, strict=True))
+        (tmp_path / "run_config.yaml").write_text(yaml.safe_dump({"model": model, "peft": peft}))
+        assert full_rank_parts_of_checkpoint(tmp_path) == expected

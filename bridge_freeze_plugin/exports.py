@@ -1,0 +1,92 @@
+"""Bridge's adapter exports keep the adapters only: with full-rank parts that would be a silent loss.
+
+A LoRA run with full-rank parts (a partial selection) trains adapters AND full-rank weights. Bridge's
+adapter exports write the adapters alone: ``AutoBridge.export_adapter_weights(model)``,
+``AutoBridge.save_hf_adapter(model, ...)`` (its ``adapter_config.json`` says ``"modules_to_save": null``)
+and ``AutoBridge.export_adapter_ckpt(checkpoint, ...)`` (it rebuilds LoRA from ``run_config.yaml`` and
+loads adapters only). While the plugin is active, each refuses such a run with
+:class:`~bridge_freeze_plugin.errors.AdapterExportError`, naming the alternative: export the whole model
+(``AutoBridge.save_hf_pretrained`` after merging) or write :func:`~bridge_freeze_plugin.trainable_state_dict`
+(adapters + full-rank parts under checkpoint names). Runs with all three flags set, or plain LoRA, are
+untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from bridge_freeze_plugin.build.freeze import PART_ATTR
+from bridge_freeze_plugin.errors import AdapterExportError
+from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS
+
+AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")
+_SELECTABLE = {p.value for p in SELECTABLE_PARTS}
+
+
+def full_rank_parts_of_model(model: Any) -> list[str]:
+    """The parts of ``model`` (a module or chunks) whose base weights train at full rank."""
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    parts = {getattr(p, PART_ATTR, None) for c in chunks for p in c.parameters() if p.requires_grad}
+    return sorted(parts & _SELECTABLE)
+
+
+def full_rank_parts_of_checkpoint(checkpoint: str | Path) -> list[str]:
+    """The parts a checkpoint's ``run_config.yaml`` trains at full rank next to LoRA (``[]`` if none / unknown)."""
+    import yaml
+
+    path = Path(checkpoint).expanduser()
+    config = next((c for c in (path / "run_config.yaml", path.parent / "run_config.yaml") if c.is_file()), None)
+    if config is None:
+        return []
+    try:
+        run = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    model = run.get("model") or {}
+    flags = [model.get(flag) is True for flag in FLAGS]
+    if not run.get("peft") or not any(flags) or all(flags):
+        return []
+    return [part.value for part, frozen in zip(SELECTABLE_PARTS, flags, strict=True) if not frozen]
+
+
+def _refuse(what: str, parts: Iterable[str]) -> None:
+    parts = list(parts)
+    if parts:
+        raise AdapterExportError(
+            f"{what} writes LoRA adapters only, but this run also trains {', '.join(parts)} at full rank "
+            f"(LoRA with a partial freeze selection): those weights would be silently missing from the export. "
+            f"Export the whole model instead (merge the adapters, then AutoBridge.save_hf_pretrained), or write "
+            f"bridge_freeze_plugin.trainable_state_dict(model): the adapters and the full-rank parts under "
+            f"checkpoint names."
+        )
+
+
+def _guard_model(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def guarded(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse(f"AutoBridge.{name}", full_rank_parts_of_model(model))
+        return original(self, model, *args, **kwargs)
+
+    guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
+    return guarded
+
+
+def _guard_checkpoint(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def guarded(self: Any, peft_checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse(f"AutoBridge.{name}({peft_checkpoint})", full_rank_parts_of_checkpoint(peft_checkpoint))
+        return original(self, peft_checkpoint, *args, **kwargs)
+
+    guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
+    return guarded
+
+
+#: AutoBridge method -> how it is guarded.
+GUARDS: dict[str, Callable[[str, Callable[..., Any]], Callable[..., Any]]] = {
+    "export_adapter_weights": _guard_model,
+    "save_hf_adapter": _guard_model,
+    "export_adapter_ckpt": _guard_checkpoint,
+}
