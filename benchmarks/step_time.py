@@ -98,7 +98,7 @@ class VisionBackwardCounter:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from bridge_freeze_plugin.freeze import apply_selection
+    from bridge_freeze_plugin import apply_selection
 
     from bridge_freeze_harness.tiny import build_tiny_model
     from bridge_freeze_harness.train import loss_fn

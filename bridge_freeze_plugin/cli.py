@@ -105,9 +105,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         import torch
         import transformers  # noqa: F401  (before _quiet_third_party: it sets its loggers' levels on import)
 
-        from bridge_freeze_plugin.mixins import make_freezable
         from bridge_freeze_harness import train
         from bridge_freeze_harness.tiny import build_tiny_chunks
+        from bridge_freeze_plugin.mixins import make_freezable
     except ImportError as exc:  # the demo needs the development stack (make demo installs it)
         raise CommandError(
             f"the demo needs torch and megatron-bridge ({exc}); run it through 'make demo', which sets them up"

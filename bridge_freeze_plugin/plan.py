@@ -308,11 +308,11 @@ def make_plan(
 
 def collect_params(model: Any, family: FamilySpec) -> list[ParamInfo]:
     """One record per (distinct) parameter of ``model`` (a module or list of chunks), by part."""
-    from bridge_freeze_plugin.freeze import as_chunks, iter_named_parameters
+    from bridge_freeze_plugin.build.classify import as_chunks, named_parameters
 
     seen: set[int] = set()
     out = []
-    for _, name, param in iter_named_parameters(as_chunks(model)):
+    for _, name, param in named_parameters(as_chunks(model)):
         if id(param) in seen:
             continue
         seen.add(id(param))
@@ -500,7 +500,7 @@ def plan_model(
     import time
 
     from bridge_freeze_plugin.mixins import make_freezable
-    from bridge_freeze_plugin.mixins.freezable import model_name_of
+    from bridge_freeze_plugin.provider import model_name_of
 
     if tiny == (hf_config is not None):
         raise PlanError("give exactly one of --tiny (the project's tiny test config) or --hf-config PATH")

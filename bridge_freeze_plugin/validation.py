@@ -34,10 +34,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError
-from bridge_freeze_plugin.mixins.freezable import resolve_family
+from bridge_freeze_plugin.provider import resolve_family
+from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.recompute import check_projection_recompute, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
-from bridge_freeze_plugin.report import is_rank0
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
 
 logger = logging.getLogger("bridge_freeze_plugin")
