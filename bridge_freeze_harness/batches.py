@@ -24,7 +24,8 @@ QWEN_TOKEN_IDS: dict[str, int] = {
     "video_token_id": 7,
 }
 
-Batch = dict[str, torch.Tensor]
+#: A synthetic batch: tensors, and for a few families structured inputs (Step-3.7: a list of images).
+Batch = dict[str, Any]
 
 
 def causal_mask(seq_len: int) -> torch.Tensor:

@@ -111,7 +111,7 @@ def projection_parameter_names(name: str, model: torch.nn.Module) -> list[str]:
 
 def synthetic_batch(
     name: str, provider: Any, *, batch_size: int = 1, seed: int = 0, spec: TrainSpec | None = None
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
     """The configuration's synthetic batch (its spec's ``make_batch``), deterministic for a ``seed``.
 
     ``spec`` replaces the configuration's own (e.g. a benchmark's larger image).

@@ -27,6 +27,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 from bridge_freeze_harness.tiny._kimi_remote_code import REMOTE_CLASSES, KimiK25VisionConfig
@@ -130,7 +133,9 @@ def make_provider(**overrides: Any) -> Any:
     if _is_offline(path):
         _OFFLINE_VISION_CONFIGS[path] = vc
     provider = KimiK25VLModelProvider(
-        **TINY_LM,
+        # MLA has one key/value head per query head: no query groups (megatron-core's local attention would
+        # otherwise repeat MLA's keys and values as for grouped-query attention and fail in forward).
+        **{**TINY_LM, "num_query_groups": TINY_LM["num_attention_heads"]},
         **TINY_MLA,
         **TINY_MOE,
         transformer_layer_spec=local_block_spec,
@@ -158,3 +163,27 @@ def make_provider(**overrides: Any) -> Any:
         pad_token_id=PAD_TOKEN_ID,
     )
     return finalized(provider, **overrides)
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One 8x8-patch image per row, pre-expanded: 16 placeholders (one per merged 2x2 group).
+
+    ``pixel_values`` is ``[patches, 3, P, P]`` (what MoonViT's patch embedding takes), ``image_grid_thw`` in patches.
+    """
+    grid = spec.image_grid_thw
+    kh, kw = provider.vision_config.merge_kernel_size
+    batch = image_rows(provider, spec, batch_size, gen, grid[1] * grid[2] // (kh * kw))
+    patch = provider.vision_config.patch_size
+    n = batch_size * grid[0] * grid[1] * grid[2]
+    batch["pixel_values"] = torch.randn(n, 3, patch, patch, generator=gen, dtype=provider.params_dtype)
+    batch["image_grid_thw"] = torch.tensor([grid] * batch_size, dtype=torch.long)
+    return batch
+
+
+TRAIN_SPECS = {
+    "kimi_k25_vl": TrainSpec(
+        token_ids={"bos_token_id": 1, "eos_token_id": 2, "image_token_id": MEDIA_PLACEHOLDER_TOKEN_ID},
+        projection_prefixes=("mm_projector.",),
+        make_batch=train_batch,
+    ),
+}

@@ -23,6 +23,9 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
@@ -86,3 +89,54 @@ def cpu_patches() -> Iterator[None]:
     original = step35_bridge.get_gpt_decoder_block_spec
     with patched([(step35_bridge, "get_gpt_decoder_block_spec", _local_layers(original))]):
         yield
+
+
+def _random_in_proj(init: Any) -> Any:
+    @functools.wraps(init)
+    def call(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        torch.nn.init.normal_(self.in_proj_weight, std=0.02)
+
+    return call
+
+
+@contextlib.contextmanager
+def tiny_patches() -> Iterator[None]:
+    """The vision attention's ``in_proj_weight`` random, as a loaded checkpoint's, instead of Bridge's zeros.
+
+    Bridge creates it with ``torch.zeros`` (the checkpoint fills it). Zero queries, keys and values give the
+    attention a zero output, so ``attn.out_proj`` and ``ln_1`` of every vision block would get all-zero
+    gradients in a tiny (never loaded) model. Names and shapes are unchanged.
+    """
+    from megatron.bridge.models.stepfun.modelling_step37 import utils
+
+    attention = utils.EncoderVisionAttention
+    with patched([(attention, "__init__", _random_in_proj(attention.__init__))]):
+        yield
+
+
+#: One 32x32 picture per row: 8x8 patches of 4 px, then the two ``vit_downsampler`` convolutions -> 4 features.
+IMAGE_PIXELS, IMAGE_FEATURES = 32, 4
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, Any]:
+    """``bos text <im_start> image*4 <im_end> text eos`` per row; ``images``: Step-3.7's ``ImageForInsert`` list.
+
+    The model inserts each image's features right after its ``<im_start>`` token (the ``start`` role).
+    """
+    from megatron.bridge.models.stepfun.modelling_step37.image_insert_embedding import ImageForInsert
+
+    batch = image_rows(provider, spec, batch_size, gen, IMAGE_FEATURES)
+    pixels = torch.randn(batch_size, 3, IMAGE_PIXELS, IMAGE_PIXELS, generator=gen, dtype=provider.params_dtype)
+    batch["images"] = [ImageForInsert(insert_start_token=spec.all_ids()["vision_start_token_id"], images=pixels)]
+    return batch
+
+
+TRAIN_SPECS = {
+    "step37": TrainSpec(
+        token_ids={"image_token_id": TINY_TEXT["image_token_id"]},
+        batch_ids={"bos_token_id": 1, "eos_token_id": 2, "vision_start_token_id": 3, "vision_end_token_id": 4},
+        projection_prefixes=("image_insert_embedding.align_projector.",),
+        make_batch=train_batch,
+    ),
+}
