@@ -125,6 +125,9 @@ class FamilySpec:
     projection_needs_recompute_off: bool = False
     #: Why, in one clause a message can quote (family knowledge stays in the family's table).
     recompute_note: str = ""
+    #: Modules (prefixes) whose full activation recompute gives the vision side wrong gradients: the plugin
+    #: turns recompute off in their configs when a vision part trains under full recompute.
+    no_full_recompute: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -136,7 +139,8 @@ class FamilySpec:
             raise FamilyRegistrationError(
                 f"family name {self.name!r} must be a non-empty string of letters, digits, '_', '-' or '.'"
             )
-        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types"):
+        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
+                     "no_full_recompute"):
             object.__setattr__(self, attr, _string_tuple(self.name, attr, getattr(self, attr)))
         _check_providers(self.name, self.providers)
         for part in SELECTABLE_PARTS:
@@ -204,6 +208,7 @@ class FamilySpec:
             "hf_model_types": list(self.hf_model_types),
             "projection_needs_recompute_off": self.projection_needs_recompute_off,
             "recompute_note": self.recompute_note,
+            "no_full_recompute": list(self.no_full_recompute),
             "source": self.source,
         }
 
@@ -338,6 +343,7 @@ def register_family(
     hf_model_types: Iterable[str] = (),
     projection_needs_recompute_off: bool = False,
     recompute_note: str = "",
+    no_full_recompute: Iterable[str] = (),
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
@@ -353,6 +359,7 @@ def register_family(
         hf_model_types=tuple(hf_model_types),
         projection_needs_recompute_off=projection_needs_recompute_off,
         recompute_note=recompute_note,
+        no_full_recompute=tuple(no_full_recompute),
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)

@@ -39,6 +39,8 @@ class FreezeReport:
     selection: FreezeSelection
     parts: tuple[PartCount, ...]
     overridden_defaults: tuple[DefaultOverride, ...] = field(default=())
+    #: What the build adjusted, one line each (e.g. full recompute turned off in the vision tower).
+    notes: tuple[str, ...] = field(default=())
 
     def part(self, part: Part) -> PartCount:
         for count in self.parts:
@@ -63,6 +65,7 @@ class FreezeReport:
             "parts": [c.as_dict() for c in self.parts],
             "trainable": self.trainable,
             "total": self.total,
+            "notes": list(self.notes),
             "overridden_defaults": [
                 {"flag": o.flag, "provider_default": o.provider_default, "value": o.value}
                 for o in self.overridden_defaults
@@ -89,6 +92,7 @@ class FreezeReport:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 

@@ -21,6 +21,10 @@ class BuildContext:
     provider_label: str = ""
     model_name: str | None = None
     overridden_defaults: tuple[DefaultOverride, ...] = ()
+    #: One-line notes for the report: what the build adjusted, and why (e.g. vision-side recompute off).
+    notes: tuple[str, ...] = ()
+    #: Turn full activation recompute off in the family's ``no_full_recompute`` modules after the build.
+    vision_recompute_off: bool = False
 
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
@@ -60,4 +64,5 @@ class BuildContext:
             selection=self.selection,
             parts=tally.parts(),
             overridden_defaults=self.overridden_defaults,
+            notes=self.notes,
         )

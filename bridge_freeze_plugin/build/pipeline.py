@@ -12,11 +12,13 @@ through :mod:`.flags`, on the building thread only, so its own ``model.freeze()`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from bridge_freeze_plugin.build import vision_recompute
 from bridge_freeze_plugin.build.collective import errors_agreed
 from bridge_freeze_plugin.build.context import BuildContext
 from bridge_freeze_plugin.build.flags import flags_hidden
@@ -24,7 +26,6 @@ from bridge_freeze_plugin.build.freeze import claim_report, freeze_chunks
 from bridge_freeze_plugin.build.hooks import HookChain, user_hooks
 from bridge_freeze_plugin.distributed import store_report
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.recompute import check_projection_recompute
 from bridge_freeze_plugin.report import log_report
 from bridge_freeze_plugin.state import provider_state
 
@@ -60,22 +61,30 @@ def _entered(provider: Any, call: _Call) -> Iterator[None]:
             calls[id(provider)] = outer
 
 
-def check_recompute(provider: Any, context: BuildContext) -> None:
-    """The full-recompute rule on the provider's own ``recompute_granularity``, before any model is built."""
+def check_recompute(provider: Any, context: BuildContext) -> BuildContext:
+    """Full recompute with a training vision side, before any model is built: fix it, or refuse it.
+
+    With the default policy the returned context turns recompute off in the family's vision modules after
+    the build (and says so in the report); with ``vision_recompute_policy = "refuse"`` a flag set is an
+    error here, and no flag set a warning once per provider.
+    """
+    granularity = getattr(provider, "recompute_granularity", None)
+    if not vision_recompute.needs_fix(context.family, context.selection, granularity):
+        return context
+    assert context.family is not None
+    if vision_recompute.policy_of(provider) == "fix":
+        notes = (*context.notes, vision_recompute.note(context.family))
+        return dataclasses.replace(context, notes=notes, vision_recompute_off=True)
     state = provider_state(provider)
-    if check_projection_recompute(
-        context.family, context.selection, {"recompute_granularity": getattr(provider, "recompute_granularity", None)},
-        asked=context.asked, turn_off="recompute_granularity=None",
-        freeze_projection="freeze_vision_projection=True", warn=not state.recompute_warned and is_rank0(),
-    ):
+    if context.selection.any_set or not state.recompute_warned:
+        vision_recompute.refuse(context, warn_only=not context.selection.any_set, rank0=is_rank0())
         state.recompute_warned = True
+    return context
 
 
 def preflight(provider: Any) -> BuildContext:
     """Everything the provider can tell before a model is built (raises before any build)."""
-    context = BuildContext.of(provider)
-    check_recompute(provider, context)
-    return context
+    return check_recompute(provider, BuildContext.of(provider))
 
 
 def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -96,6 +105,8 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
         return model
     with errors_agreed(distributed):
         report, _ = freeze_chunks(model, context)
+        if context.vision_recompute_off:
+            vision_recompute.turn_off(model, context.family)
     if not distributed:  # (provide_distributed_model stores and logs the model-wide report)
         store_report(provider, report)
         if claim_report(model):

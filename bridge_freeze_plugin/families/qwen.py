@@ -13,8 +13,10 @@ _QWEN3_PARTS = {
     "recompute_note": (
         "the vision config copies the language model's recompute settings, and the DeepStack mergers run "
         "inside the checkpointed function and hand their outputs back in a Python list, which the checkpoint "
-        "does not back-propagate"
+        "does not back-propagate (no gradient for the DeepStack mergers, a wrong one for the encoder layers "
+        "before them)"
     ),
+    "no_full_recompute": ("vision_model",),
     "language_model": ("language_model",),
     "vision_model": ("vision_model",),
     "vision_projection": ("vision_model.merger", "vision_model.decoder.deepstack_merger_list"),

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model, make_provider
 from bridge_freeze_plugin import (
     FreezableVLMProvider,
     FreezeSelection,
@@ -20,7 +21,6 @@ from bridge_freeze_plugin import (
     make_freezable,
 )
 from bridge_freeze_plugin.mixins import declared_default
-from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model, make_provider
 
 PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
 
@@ -209,7 +209,7 @@ def test_a_deep_copied_provider_freezes_by_its_own_flags(cpu_bridge):
     assert original.freeze_language_model is True
 
 
-# ---- validation rule 7 on the provider's own settings, before any build ----------------------------
+# ---- full activation recompute with a training vision side (Qwen3-VL family) ---------------------------
 
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
@@ -218,48 +218,85 @@ def _plugin_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "bridge_freeze_plugin" and r.levelno == logging.WARNING]
 
 
-def test_full_recompute_with_a_trained_projection_raises_before_building(cpu_bridge, mocker):
+def _recompute(config) -> tuple:
+    return (config.recompute_granularity, config.recompute_method, config.recompute_num_layers)
+
+
+@pytest.mark.parametrize("selection", [FreezeSelection(freeze_vision_model=True), PROJECTION_ONLY,
+                                       FreezeSelection(freeze_vision_projection=True), FreezeSelection()],
+                         ids=["projection+lm", "projection-only", "encoder+lm", "no-flag"])
+def test_full_recompute_is_turned_off_in_the_vision_tower_only_and_reported(cpu_bridge, caplog, selection):
+    from bridge_freeze_plugin import last_report
+
+    caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), selection)
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    vision_configs = {id(m.config): m.config for _, m in model.vision_model.named_modules() if hasattr(m, "config")}
+    assert vision_configs and all(_recompute(c) == (None, None, None) for c in vision_configs.values())
+    assert _recompute(model.language_model.config) == ("full", "uniform", 1)  # the language model keeps it
+    assert _recompute(provider) == ("full", "uniform", 1)  # the user's config is not rewritten
+    (note,) = last_report(provider).notes
+    assert "turned off in vision_model" in note and "DeepStack" in note
+    assert _plugin_warnings(caplog) == []
+
+
+def test_full_recompute_with_the_vision_side_frozen_or_another_family_is_left_alone(cpu_bridge):
+    from bridge_freeze_plugin import last_report
+
+    frozen_vision = FreezeSelection(freeze_vision_model=True, freeze_vision_projection=True)
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), frozen_vision)
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    assert _recompute(model.vision_model.config) == ("full", "uniform", 1)
+    assert last_report(provider).notes == ()
+    # Gemma3-VL's vision tower has no checkpointed side outputs: nothing is changed there
+    gemma = make_freezable(make_provider("gemma3_vl", **FULL_RECOMPUTE), PROJECTION_ONLY)
+    gemma_model = build_tiny_model("gemma3_vl", provider=gemma)
+    assert trainable(gemma_model) == {n for n in all_names(gemma_model) if n.startswith("multi_modal_projector.")}
+    assert last_report(gemma).notes == ()
+
+
+def test_the_refuse_policy_raises_before_building(cpu_bridge, mocker):
     from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider
 
     from bridge_freeze_plugin import InvalidFreezeConfigError
 
-    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), FreezeSelection(freeze_vision_model=True))
-    provider.hf_model_id = "Qwen/Qwen3-VL-4B-Instruct"
-    build = mocker.spy(Qwen3VLModelProvider, "provide")
-    for call in (provider.provide, lambda: build_tiny_chunks("qwen3_vl", provider=provider)):
-        with pytest.raises(InvalidFreezeConfigError) as err:
-            call()
-        message = str(err.value)
-        for word in ("freeze_vision_model=True", "Qwen3VLModelProvider", "Qwen/Qwen3-VL-4B-Instruct",
-                     "recompute_granularity=full", "DeepStack", "recompute_granularity=None",
-                     "freeze_vision_projection=True"):
-            assert word in message, (word, message)
-    assert build.call_count == 0
+    for selection in (FreezeSelection(freeze_vision_model=True), FreezeSelection(freeze_vision_projection=True)):
+        provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), selection)
+        provider.vision_recompute_policy = "refuse"
+        provider.hf_model_id = "Qwen/Qwen3-VL-4B-Instruct"
+        build = mocker.spy(Qwen3VLModelProvider, "provide")
+        for call in (provider.provide, lambda p=provider: build_tiny_chunks("qwen3_vl", provider=p)):
+            with pytest.raises(InvalidFreezeConfigError) as err:
+                call()
+            message = str(err.value)
+            for word in (selection.set_flags()[0] + "=True", "Qwen3VLModelProvider", "Qwen/Qwen3-VL-4B-Instruct",
+                         "recompute_granularity=full", "DeepStack", "recompute_granularity=None",
+                         "freeze_vision_projection=True", "vision_recompute_policy"):
+                assert word in message, (word, message)
+        assert build.call_count == 0
+        mocker.stopall()
 
 
-def test_full_recompute_with_the_projection_frozen_or_another_family_builds(cpu_bridge, caplog):
-    caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
-    frozen_projection = FreezeSelection(freeze_vision_projection=True)
-    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), frozen_projection)
-    model = build_tiny_model("qwen3_vl", provider=provider)
-    assert trainable(model) == {n for n in all_names(model) if not QWEN3_PROJECTION.match(n)}
-    # Gemma3-VL has no DeepStack mergers: the rule does not apply
-    gemma = make_freezable(make_provider("gemma3_vl", **FULL_RECOMPUTE), PROJECTION_ONLY)
-    gemma_model = build_tiny_model("gemma3_vl", provider=gemma)
-    assert trainable(gemma_model) == {n for n in all_names(gemma_model) if n.startswith("multi_modal_projector.")}
-    assert _plugin_warnings(caplog) == []
-
-
-def test_full_recompute_with_no_flag_only_warns_once(cpu_bridge, caplog):
+def test_the_refuse_policy_with_no_flag_only_warns_once(cpu_bridge, caplog):
     caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
     provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE))
+    provider.vision_recompute_policy = "refuse"
     model = build_tiny_model("qwen3_vl", provider=provider)
     assert trainable(model) == all_names(model)  # installing the plugin never breaks such a run
+    assert _recompute(model.vision_model.config) == ("full", "uniform", 1)  # refused means: not changed
     build_tiny_model("qwen3_vl", provider=provider)
     warnings = _plugin_warnings(caplog)
     assert len(warnings) == 1, warnings
-    assert "recompute_granularity=full with no freeze flag set" in warnings[0]
-    assert "freeze_vision_projection=True" in warnings[0]
+    assert "no freeze flag" in warnings[0] and "recompute_granularity=full" in warnings[0]
+
+
+def test_an_unknown_recompute_policy_is_refused(cpu_bridge):
+    from bridge_freeze_plugin import InvalidFreezeConfigError
+
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE))
+    provider.vision_recompute_policy = "ignore"
+    with pytest.raises(InvalidFreezeConfigError, match="vision_recompute_policy='ignore'"):
+        provider.provide(True, True)
 
 
 def test_last_report_after_a_plain_provide(cpu_bridge):

@@ -1,0 +1,98 @@
+"""Full activation recompute and a training vision side: fixed in the vision tower, not refused.
+
+On some families (the Qwen3-VL family: ``FamilySpec.no_full_recompute``) full activation recompute gives
+the vision side wrong gradients: the vision tower's config copies the language model's recompute
+settings, and its checkpointed block hands side outputs (DeepStack features) back in a Python list that
+the checkpoint does not back-propagate; the DeepStack mergers get no gradient and the encoder layers
+before them a wrong one. So when a vision part trains under ``recompute_granularity="full"`` (any
+``recompute_method``), the plugin turns recompute off in those modules' own configs right after the build,
+before any forward; the language model keeps its full recompute. The report says so in one line.
+
+A user who prefers the old behaviour sets ``vision_recompute_policy = "refuse"`` on the provider: a flag
+set with a training vision side under full recompute is then an error before any build.
+Selective recompute checkpoints inside attention only (no side outputs cross it): left as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from bridge_freeze_plugin.build.classify import as_chunks
+from bridge_freeze_plugin.errors import InvalidFreezeConfigError
+from bridge_freeze_plugin.registry import FamilySpec
+from bridge_freeze_plugin.selection import FreezeSelection, Part
+
+if TYPE_CHECKING:
+    from bridge_freeze_plugin.build.context import BuildContext
+
+logger = logging.getLogger("bridge_freeze_plugin")
+
+#: Provider attribute choosing what happens: "fix" (default) or "refuse".
+POLICY_ATTR = "vision_recompute_policy"
+POLICIES = ("fix", "refuse")
+_RECOMPUTE_FIELDS = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+
+
+def is_full(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "full"
+
+
+def policy_of(provider: Any) -> str:
+    policy = getattr(provider, POLICY_ATTR, "fix")
+    if policy not in POLICIES:
+        raise InvalidFreezeConfigError(
+            f"{POLICY_ATTR}={policy!r} on {type(provider).__name__}: it must be one of {', '.join(POLICIES)} "
+            f"('fix' turns full recompute off in the vision tower only; 'refuse' makes it an error)"
+        )
+    return str(policy)
+
+
+def needs_fix(family: FamilySpec | None, selection: FreezeSelection, recompute_granularity: Any) -> bool:
+    """Whether a training vision side under full recompute meets a family whose vision tower breaks under it."""
+    if family is None or not family.no_full_recompute or not is_full(recompute_granularity):
+        return False
+    return bool({Part.VISION_MODEL, Part.VISION_PROJECTION} & selection.trained_parts())
+
+
+def note(family: FamilySpec) -> str:
+    """The report's line: what was changed, and why."""
+    where = ", ".join(family.no_full_recompute)
+    return (
+        f"full activation recompute turned off in {where} (the language model keeps it): on {family.name}, "
+        f"{family.recompute_note or 'full recompute there loses vision gradients'}"
+    )
+
+
+def turn_off(model: Any, family: FamilySpec) -> int:
+    """Set recompute off in the config of every module under ``family.no_full_recompute``; configs changed."""
+    changed: dict[int, Any] = {}
+    for chunk in as_chunks(model):
+        for name, module in chunk.named_modules():
+            if not any(name == p or name.startswith(p + ".") for p in family.no_full_recompute):
+                continue
+            config = getattr(module, "config", None)
+            if is_full(getattr(config, "recompute_granularity", None)):
+                changed[id(config)] = config
+    for config in changed.values():
+        for field, value in _RECOMPUTE_FIELDS.items():
+            setattr(config, field, value)
+    return len(changed)
+
+
+def refuse(context: BuildContext, *, warn_only: bool, rank0: bool) -> None:
+    """The "refuse" policy: an error when a flag is set, a warning (rank 0) when none is."""
+    assert context.family is not None
+    trained = " and ".join(p.value for p in (Part.VISION_MODEL, Part.VISION_PROJECTION)
+                           if p in context.selection.trained_parts())
+    message = (
+        f"{context.asked} trains the {trained} under recompute_granularity=full, with {POLICY_ATTR}='refuse': "
+        f"on the {context.family.name} family {context.family.recompute_note or 'that loses vision gradients'}. "
+        f"Let the plugin turn recompute off in the vision tower only ({POLICY_ATTR}='fix', the default), turn full "
+        f"recompute off (recompute_granularity=None, or selective), or freeze the vision side "
+        f"(freeze_vision_model=True and freeze_vision_projection=True)."
+    )
+    if not warn_only:
+        raise InvalidFreezeConfigError(message)
+    if rank0:
+        logger.warning("bridge-freeze: %s", message)
