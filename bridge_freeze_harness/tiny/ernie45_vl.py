@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness.batches import TrainSpec, flat_patch_batch
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -90,3 +93,31 @@ def make_provider(**overrides: Any) -> Any:
         moe_token_dispatcher_type="allgather",
     )
     return finalized(provider, **overrides)
+
+
+def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, Any]:
+    """Flattened ``C * P * P`` patches of an 8x8-patch image (16 image tokens) between image start / end markers.
+
+    ``mm_token_type_ids`` (M-RoPE) and ``moe_mm_token_type_ids`` (MoE routing: image tokens go to the vision
+    expert pool, text tokens to the text pool, so both pools train) mark the image tokens with 1.
+    """
+    geometry = (3, 1, TINY_VISION["patch_size"], TINY_VISION["spatial_merge_size"])
+    batch = flat_patch_batch(provider, spec, batch_size, gen, geometry)
+    batch["pixel_values"] = batch["pixel_values"].mul(64.0).add(128.0)  # raw 0-255-like values: Bridge normalises
+    image = (batch["input_ids"] == spec.token_ids["image_token_id"]).int()
+    batch["mm_token_type_ids"] = image
+    batch["moe_mm_token_type_ids"] = image
+    return batch
+
+
+TRAIN_SPECS = {
+    "ernie45_vl": TrainSpec(
+        token_ids={"image_start_token_id": 3, "image_end_token_id": 4, "image_token_id": 6,
+                   "video_start_token_id": 7, "video_end_token_id": 8, "video_token_id": 9},
+        batch_ids={"bos_token_id": 1, "eos_token_id": 2},
+        roles={"bos": "bos_token_id", "start": "image_start_token_id", "image": "image_token_id",
+               "end": "image_end_token_id", "eos": "eos_token_id"},
+        projection_prefixes=("resampler_model.",),
+        make_batch=train_batch,
+    ),
+}

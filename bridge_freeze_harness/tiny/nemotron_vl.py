@@ -54,6 +54,8 @@ from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
+#: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
+CANNOT_TRAIN = "its Mamba layers' forward needs the CUDA-only mamba-ssm kernels (selective scan, causal conv1d)"
 
 #: One Mamba, one MLP, one attention, one MLP layer: every layer kind of Nano V2's pattern.
 TINY_PATTERN = "M-*-"
