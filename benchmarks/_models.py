@@ -64,7 +64,7 @@ LORA_DIM = 4
 LORA_ALPHA = 8
 
 
-def build_lora(selection: Any) -> tuple[Any, dict[str, Any]]:
+def build_lora(selection: Any, target_modules: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     """A fresh provider, ``selection``'s flags on it, Bridge's real LoRA as its pre-wrap hook; one chunk.
 
     Built through ``provide_distributed_model`` (no DDP wrap): that is where pre-wrap hooks run, the
@@ -80,6 +80,8 @@ def build_lora(selection: Any) -> tuple[Any, dict[str, Any]]:
     for flag, value in selection.as_dict().items():
         setattr(provider, flag, value)
     lora = LoRA(dim=LORA_DIM, alpha=LORA_ALPHA)
+    if target_modules is not None:
+        lora.target_modules = list(target_modules)
     provider.register_pre_wrap_hook(lora)
     # provide_distributed_model prints "> number of parameters on ... rank" on stdout: not in the table.
     with quiet(), contextlib.redirect_stdout(io.StringIO()):

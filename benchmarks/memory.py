@@ -6,10 +6,11 @@ really exist: ``p.grad`` of every parameter, and every tensor in ``optimizer.sta
 ``exp_avg_sq``, ``step``). A frozen parameter must cost neither, so the ratio to full fine-tuning must
 equal the trainable fraction exactly.
 
-Besides the 7 selections validation accepts without LoRA, the one it accepts with LoRA: all three flags
-set and Bridge's real LoRA (``megatron.bridge.peft.lora.LoRA``) as a pre-wrap hook, so only the adapters
-train. Its trainable fraction is adapter parameters over the base model's parameters (full fine-tuning's
-count, which has no adapters).
+Besides the 7 selections validation accepts without LoRA, two with Bridge's real LoRA
+(``megatron.bridge.peft.lora.LoRA``) as a pre-wrap hook: all three flags set (only the adapters train), and
+LoRA on the attention of the language model and vision encoder next to a full-rank projection (language
+model and vision encoder frozen: adapters + projection train). Their trainable fraction is trainable
+parameters over the base model's parameters (full fine-tuning's count, which has no adapters).
 
 The naive alternative, freezing after the optimizer was built over every parameter, is measured in two
 variants: (a) gradients released each step (``zero_grad(set_to_none=True)``): torch's AdamW skips
@@ -64,14 +65,18 @@ def _frozen(model: torch.nn.Module, selection: Any) -> list[torch.nn.Parameter]:
     return [p for n, p in model.named_parameters() if family.classify(n) in parts]
 
 
-#: The row of the one selection validation accepts with LoRA (all three flags set).
-LORA_LABEL = "LoRA + freeze LM+VM+VP"
+#: The LoRA rows: label -> (flags, LoRA target modules; None = Bridge's defaults).
+LORA_ROWS = {
+    "LoRA + freeze LM+VM+VP": ((True, True, True), None),
+    "LoRA (attention) + full-rank projection": ((True, True, False), ["linear_qkv", "linear_proj"]),
+}
+_PROJECTION = ("vision_model.merger.", "vision_model.decoder.deepstack_merger_list.")
 
 
 def run(quick: bool = False) -> dict[str, Any]:
+    from bridge_freeze_harness.train import make_provider, synthetic_batch
     from bridge_freeze_plugin.selection import FreezeSelection
     from bridge_freeze_plugin.validation import LoraSettings, validate_selection
-    from bridge_freeze_harness.train import make_provider, synthetic_batch
 
     with quiet():
         provider = make_provider(FAMILY)
@@ -85,11 +90,14 @@ def run(quick: bool = False) -> dict[str, Any]:
     batch = synthetic_batch(FAMILY, provider)
     rows: dict[str, Any] = {}
     full: dict[str, Any] | None = None
-    # The LoRA row last (kept in --quick too: one more tiny build). Full fine-tuning comes first.
-    for selection, with_lora in [*((s, False) for s in selections), (adapters_only, True)]:
+    # The LoRA rows last (kept in --quick too: two more tiny builds). Full fine-tuning comes first.
+    runs = [*((label(s), s, None) for s in selections),
+            *((name, FreezeSelection(*flags), targets) for name, (flags, targets) in LORA_ROWS.items())]
+    for name, selection, targets in runs:
+        with_lora = name in LORA_ROWS
         torch.manual_seed(0)
         if with_lora:
-            model, lora = build_lora(selection)
+            model, lora = build_lora(selection, targets)
         else:
             model, lora = build(provider, selection), None
         total = sum(p.numel() for p in model.parameters())
@@ -101,9 +109,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         base = total if full is None else full["total_params"]  # the model without adapters
         if lora is not None:
             trained = {n for n, p in model.named_parameters() if p.requires_grad}
+            adapters = {n for n in trained if ".adapter." in n}
+            full_rank = trained - adapters
             lora = {**lora, "adapter_params": total - base,
-                    "only_adapters_train": bool(trained) and trainable == total - base
-                    and all(".adapter." in n for n in trained)}
+                    "adapters_and_full_rank_parts_train": bool(adapters) and (
+                        full_rank == {n for n, _ in model.named_parameters() if n.startswith(_PROJECTION)}
+                        if not selection.all_set else not full_rank)}
         row = {
             "selection": selection.as_dict(),
             "lora": lora,
@@ -128,7 +139,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             row["grad_bytes"] * base == full["grad_bytes"] * trainable
             and row["optimizer_moment_bytes"] * base == full["optimizer_moment_bytes"] * trainable
         )
-        rows[LORA_LABEL if with_lora else label(selection)] = row
+        rows[name] = row
         del model, optimizer
 
     naive = _naive(provider, selections[1:], batch, rows)
@@ -191,8 +202,8 @@ def table(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"grad {r['grad_ratio']:.4f}, Adam moments {r['optimizer_moment_ratio']:.4f} "
             f"(trainable {r['trainable_fraction']:.4f})",
             "= trainable fraction" + (" OK" if r["exact"] else " MISMATCH")
-            + ("" if r["lora"] is None else "; only adapters train" + (" OK" if r["lora"]["only_adapters_train"]
-                                                                       else " NO")),
+            + ("" if r["lora"] is None else "; adapters + full-rank parts train" + (
+                " OK" if r["lora"]["adapters_and_full_rank_parts_train"] else " NO")),
         ))
     for name, entry in result["naive_freeze_after_optimizer"].items():
         pre = entry["grads_preallocated"]

@@ -98,10 +98,9 @@ class VisionBackwardCounter:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from bridge_freeze_plugin import apply_selection
-
     from bridge_freeze_harness.tiny import build_tiny_model
     from bridge_freeze_harness.train import loss_fn
+    from bridge_freeze_plugin import apply_selection
     from bridge_freeze_plugin.registry import get_family
     from bridge_freeze_plugin.selection import FreezeSelection
 

@@ -41,9 +41,14 @@ def test_quick_run_writes_every_figure(tmp_path):
         assert keys <= set(result["figures"][name]), (name, keys - set(result["figures"][name]))
     memory = result["figures"]["memory"]
     assert memory["all_exact"], memory["selections"]
-    lora = memory["selections"]["LoRA + freeze LM+VM+VP"]  # the one selection accepted with LoRA
-    assert lora["lora"]["only_adapters_train"] and 0 < lora["trainable_params"] < lora["total_params"]
+    lora = memory["selections"]["LoRA + freeze LM+VM+VP"]  # adapters only
+    assert lora["lora"]["adapters_and_full_rank_parts_train"] and 0 < lora["trainable_params"] < lora["total_params"]
     assert lora["grad_ratio"] == lora["trainable_fraction"] < 0.1
+    projection = memory["selections"]["freeze LM+VM"]  # full-rank projection, no LoRA
+    mixed = memory["selections"]["LoRA (attention) + full-rank projection"]
+    assert mixed["lora"]["adapters_and_full_rank_parts_train"] and mixed["exact"]
+    adapters = mixed["lora"]["adapter_params"]
+    assert mixed["trainable_params"] == projection["trainable_params"] + adapters  # exactly adapters + projection
     assert result["figures"]["step"]["vision_backward_skipped_when_frozen"]
     assert "written:" in proc.stdout
 
