@@ -1,0 +1,176 @@
+"""Every trainable tiny family, every selection that leaves something to train: one real forward + backward on
+the CPU, and the gradients are exactly the selection's.
+
+For each configuration the model is built ONCE (plain Bridge build, plugin not involved) and each of the 7
+selections is applied with ``bridge_freeze_plugin.apply_selection`` (gradients cleared in between). Then:
+
+- the trainable set is the one computed here from this file's own prefixes (never from the plugin's registry);
+- every trainable parameter has a gradient that is not None and not all zeros;
+- every frozen parameter has no gradient (None).
+
+Parameters that legitimately get no gradient from one synthetic batch are handled explicitly:
+
+- MoE experts to which no loss-carrying token was routed in this batch (the routers decide, per batch; see
+  :class:`ExpertSignal`): a hook on every ``local_experts.N`` output records whether a non-zero gradient came
+  back; such an expert must have a zero (or no) gradient, every other trained expert a non-zero one, and in each
+  MoE layer at least one expert must learn (so this cannot pass vacuously). Seen here: GLM-4.5V's expert 2 (one
+  token, at a position without loss) and ERNIE's vision-pool experts 0 and 1 (16 image tokens, top-2 routing);
+- MiniMax-M3-VL's ``lightning_indexers``: checkpoint-only state Bridge builds frozen and never runs (no flag's
+  part): it never trains and gets no gradient;
+- EXAONE 4.5's MTP block: its training spec builds without it (Bridge 0.6.2's ``Exaone45Model.forward`` passes
+  ``input_ids=None`` to its language model, which the MTP layer embeds: any forward with MTP fails), so the
+  trained model has no ``other`` part; checked below;
+- Gemma4-VL's audio tower and ``embed_audio`` (no flag's part) do get audio input in the synthetic batch: they
+  must have non-zero gradients under every selection.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from bridge_freeze_harness import train
+from bridge_freeze_harness.tiny import build_tiny_model
+from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
+
+# config -> (language model, vision encoder, vision projection, other) as regexes; projection checked first.
+_QWEN3 = (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None)
+PARTS: dict[str, tuple[str, str, str, str | None]] = {
+    "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
+    "qwen3_vl": _QWEN3,
+    "qwen3_vl_moe": _QWEN3,
+    "qwen35_vl": _QWEN3,
+    "qwen35_vl_moe": _QWEN3,
+    "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
+    "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
+    "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
+    "ernie45_vl": (r"language_model\.", r"vision_tower\.", r"resampler_model\.", None),
+    "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
+    "kimi_k25_vl": (r"language_model\.", r"vision_tower\.", r"mm_projector\.", None),
+    "minimax_m3_vl": (
+        r"language_model\.",
+        r"vision_tower\.vision_model\.",
+        r"(multi_modal_projector|patch_merge_mlp)\.",
+        r"lightning_indexers\.\d+\.",
+    ),
+    "step37": (r"language_model\.", r"vision_model\.", r"image_insert_embedding\.align_projector\.", None),
+    "exaone45_vl": (
+        r"language_model\.(?!mtp\.)", r"vision_model\.", r"vision_model\.merger\.", r"language_model\.mtp\."
+    ),
+}
+
+#: Every tiny configuration that must train on the CPU (Nemotron-VL cannot: Mamba needs mamba-ssm).
+TRAINABLE = sorted(PARTS)
+
+#: The plugin registry's family of a configuration, where the names differ.
+REGISTRY_FAMILY = {"qwen35_vl_moe": "qwen35_vl"}
+
+#: Built frozen by Bridge and never run: never trainable, never a gradient.
+FROZEN_AS_BUILT = {"minimax_m3_vl": r"lightning_indexers\."}
+
+SELECTIONS = [s for s in FreezeSelection.all_selections() if s.trained_parts()]
+EXPERT = re.compile(r"^(.*\.local_experts\.\d+)\.")
+
+
+def part_of(name: str, config: str) -> str:
+    lm, vision, projection, other = PARTS[config]
+    for part, pattern in (("vision_projection", projection), ("vision_model", vision), ("language_model", lm)):
+        if re.match(pattern, name):
+            return part
+    if other and re.match(other, name):
+        return "other"
+    raise AssertionError(f"{config}: this test's table does not cover {name}")
+
+
+class ExpertSignal:
+    """Per MoE expert module: did any loss-carrying gradient reach its output in the backward?
+
+    An expert gets a non-zero weight gradient only if a token was routed to it AND that token's output
+    influences the loss: a token routed in the last layer at a position without loss (the last one, an image
+    placeholder) sends back a zero gradient. Both are a property of the batch, not of the freeze.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.signal: dict[str, bool] = {}
+        self.handles = [
+            module.register_forward_hook(self._hook(name))
+            for name, module in model.named_modules()
+            if re.fullmatch(r".*\.local_experts\.\d+", name)
+        ]
+
+    def _hook(self, name: str):
+        self.signal.setdefault(name, False)
+
+        def on_grad(grad: torch.Tensor) -> None:
+            self.signal[name] = self.signal[name] or bool(torch.any(grad != 0))
+
+        def hook(_module, _inputs, output) -> None:
+            out = output[0] if isinstance(output, tuple) else output
+            if torch.is_tensor(out) and out.requires_grad:
+                out.register_hook(on_grad)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def test_the_trainable_configurations_are_exactly_the_expected_ones():
+    assert train.trainable_families() == TRAINABLE
+    assert train.cannot_train_reason("nemotron_vl")
+
+
+def _check_selection(config: str, model: torch.nn.Module, batch: dict, selection: FreezeSelection) -> list[str]:
+    """Problems found for one selection (empty = fine)."""
+    apply_selection(model, get_family(REGISTRY_FAMILY.get(config, config)), selection)
+    params = dict(model.named_parameters())
+    frozen_parts = {p.value for p in selection.frozen_parts()}
+    never = FROZEN_AS_BUILT.get(config)
+    want = {n for n in params if part_of(n, config) not in frozen_parts and not (never and re.match(never, n))}
+    problems = []
+    got = {n for n, p in params.items() if p.requires_grad}
+    if got != want:
+        problems.append(f"trainable set: extra {sorted(got - want)[:3]}, missing {sorted(want - got)[:3]}")
+    model.zero_grad(set_to_none=True)
+    experts = ExpertSignal(model)
+    try:
+        train.forward_backward(model, batch, config)
+    finally:
+        experts.remove()
+    for name, param in params.items():
+        expert = EXPERT.match(name)
+        if name not in want:
+            if param.grad is not None:
+                problems.append(f"frozen {name} has a gradient")
+        elif expert and not experts.signal[expert.group(1)]:
+            if param.grad is not None and torch.any(param.grad != 0):
+                problems.append(f"{name}: no loss-carrying token reached this expert, yet its gradient is non-zero")
+        elif param.grad is None or not torch.any(param.grad != 0):
+            problems.append(f"trainable {name}: gradient {'None' if param.grad is None else 'all zeros'}")
+    if want & {n for n in params if EXPERT.match(n)}:  # the experts train: some expert per layer must learn
+        layer = re.compile(r"\.local_experts\.\d+$")
+        learning = {layer.sub("", e) for e, on in experts.signal.items() if on}
+        if learning != {layer.sub("", e) for e in experts.signal}:
+            problems.append(f"MoE layers where no expert got a loss gradient: {sorted(experts.signal)}")
+    return problems
+
+
+@pytest.mark.parametrize("config", TRAINABLE)
+def test_every_selection_gives_gradients_to_exactly_the_trained_parts(cpu_bridge, config):
+    provider = train.make_provider(config)
+    torch.manual_seed(0)
+    model = build_tiny_model(config, provider)
+    model.train()
+    batch = train.synthetic_batch(config, provider)
+    names = {n for n, _ in model.named_parameters()}
+    # Every part is really present, so no selection can pass vacuously.
+    assert {part_of(n, config) for n in names} >= {"language_model", "vision_model", "vision_projection"}
+    if config == "exaone45_vl":
+        assert not any(n.startswith("language_model.mtp.") for n in names)  # see module docstring
+    elif PARTS[config][3]:
+        assert "other" in {part_of(n, config) for n in names}
+    problems = {str(s.as_dict()): found for s in SELECTIONS if (found := _check_selection(config, model, batch, s))}
+    assert problems == {}
