@@ -92,22 +92,11 @@ REGISTRY.subscribe(_on_register)
 def deactivate() -> None:
     """Undo every patch (classes, defaults); the autoload hook will not activate again on its own."""
     with STATE.lock:
-        for cls, originals in STATE.patched.items():
-            for name, value in originals.items():
-                if value is MISSING:
-                    if name in cls.__dict__:
-                        delattr(cls, name)
-                else:
-                    setattr(cls, name, value)
-        STATE.patched.clear()
-        for cls, originals in STATE.guarded.items():
-            for name, value in originals.items():
-                if value is MISSING:
-                    if name in cls.__dict__:
-                        delattr(cls, name)
-                else:
-                    setattr(cls, name, value)
-        STATE.guarded.clear()
+        for record in (STATE.patched, STATE.guarded):
+            for cls, originals in record.items():
+                for name, value in originals.items():
+                    _restore(cls, name, value)
+            record.clear()
         for func, flag, value in STATE.init_defaults:
             _set_function_default(func, flag, value)
         STATE.init_defaults.clear()
@@ -118,6 +107,14 @@ def deactivate() -> None:
         STATE.original_defaults.clear()
         STATE.active = False
         STATE.deactivated_by_user = True
+
+
+def _restore(cls: type, name: str, value: Any) -> None:
+    """Put back what ``cls.__dict__[name]`` held (``MISSING``: nothing, so delete what the plugin set)."""
+    if value is not MISSING:
+        setattr(cls, name, value)
+    elif name in cls.__dict__:
+        delattr(cls, name)
 
 
 def _restore_later_subclasses(cls: type, flag: str, fld: Any, value: Any) -> None:

@@ -64,24 +64,27 @@ def _refuse(what: str, parts: Iterable[str]) -> None:
         )
 
 
-def _guard_model(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+def _guarded(
+    name: str, original: Callable[..., Any], full_rank_parts: Callable[[Any], list[str]]
+) -> Callable[..., Any]:
+    """``original`` (an AutoBridge method whose first argument is a model or a checkpoint), refusing first."""
+
     @functools.wraps(original)
-    def guarded(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        _refuse(f"AutoBridge.{name}", full_rank_parts_of_model(model))
-        return original(self, model, *args, **kwargs)
+    def guarded(self: Any, source: Any, *args: Any, **kwargs: Any) -> Any:
+        what = f"AutoBridge.{name}" if full_rank_parts is full_rank_parts_of_model else f"AutoBridge.{name}({source})"
+        _refuse(what, full_rank_parts(source))
+        return original(self, source, *args, **kwargs)
 
     guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
     return guarded
+
+
+def _guard_model(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    return _guarded(name, original, full_rank_parts_of_model)
 
 
 def _guard_checkpoint(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def guarded(self: Any, peft_checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
-        _refuse(f"AutoBridge.{name}({peft_checkpoint})", full_rank_parts_of_checkpoint(peft_checkpoint))
-        return original(self, peft_checkpoint, *args, **kwargs)
-
-    guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
-    return guarded
+    return _guarded(name, original, full_rank_parts_of_checkpoint)
 
 
 #: AutoBridge method -> how it is guarded.
