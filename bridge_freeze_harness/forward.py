@@ -9,6 +9,9 @@ Generic (:func:`cpu_forward_patches`):
   blocks); a bias of 0 / -inf is exactly a boolean mask, which it accepts (:func:`_bias_as_mask`).
 - the local softmax's default causal and sliding-window masks are made on the CPU (megatron-core makes them
   on "cuda"; note that with a sliding window it ignores the mask it is given).
+- activation recompute (``recompute_granularity="full"``) saves / restores the CUDA RNG state around each
+  recomputed chunk: without CUDA the CPU generator's state stands in (megatron-core saves and restores it too).
+  The recompute runs during ``backward()``: run the backward inside these patches too.
 - ``torch.cuda.current_device`` answers ``"cpu"`` where no CUDA device exists (megatron-core's
   ``GlobalMemoryBuffer``, the local attention's score buffer, asks it for a device).
 
@@ -109,6 +112,14 @@ def _sliding_window_causal_mask(sq: int, skv: int, window_size: int | tuple[int,
     return ~((key >= query - window_size[0]) & (key <= query + window_size[1]))
 
 
+def _cpu_rng_state(*_args: Any, **_kwargs: Any) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _keep_rng_state(*_args: Any, **_kwargs: Any) -> None:
+    """The CPU state is restored by megatron-core's own ``torch.set_rng_state`` next to this call."""
+
+
 def _generic_patches() -> list[tuple[Any, str, Any]]:
     from megatron.core.fusions import fused_softmax
     from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -120,7 +131,15 @@ def _generic_patches() -> list[tuple[Any, str, Any]]:
         (fused_softmax, "get_sliding_window_causal_mask", _sliding_window_causal_mask),
     ]
     if not torch.cuda.is_available():
-        patches.append((torch.cuda, "current_device", _cpu_device))
+        from megatron.core.tensor_parallel import random as mpu_random
+
+        patches += [
+            (torch.cuda, "current_device", _cpu_device),
+            # Activation recompute saves and restores the CUDA RNG state around each recomputed chunk; the
+            # CPU generator's state (saved and restored by the same code) is the only one there is.
+            (mpu_random, "_get_cuda_rng_state", _cpu_rng_state),
+            (mpu_random, "_set_cuda_rng_state", _keep_rng_state),
+        ]
     return patches
 
 
