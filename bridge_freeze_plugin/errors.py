@@ -13,7 +13,8 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── EmptyPartError (RuntimeError)           a part with no parameter in the whole model (a wrong table)
     ├── PeerRankFreezeError (RuntimeError)      another rank failed while the model was built
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
-    │   └── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
+    │   ├── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
+    │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
     └── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
 """
 
@@ -99,3 +100,7 @@ class FreezeFlagTypeError(InvalidFreezeConfigError, TypeError):
 
 class PlanError(BridgeFreezeError, ValueError):
     """A plan cannot be made (unknown model, unreadable config, a build that fails...)."""
+
+
+class ConfigLoadError(InvalidFreezeConfigError):
+    """A config file, an override or a defaults list that cannot be read as written (never dropped silently)."""

@@ -1,17 +1,13 @@
-"""Validation rule 7, shared by config validation and the provider build.
+"""The full-recompute rule, on plain values: config validation applies it to a config's recompute keys.
 
-On a family with ``projection_needs_recompute_off`` (the Qwen3-VL family), full activation recompute
-loses part of the vision projection's gradient: the vision config copies the language model's recompute
-settings, and the DeepStack mergers run inside the checkpointed function and hand their outputs back in a
-Python list, which the checkpoint does not back-propagate. So, while the projection trains:
+On a family with ``projection_needs_recompute_off``, full activation recompute loses part of the vision
+projection's gradient; the family's table says why (``FamilySpec.recompute_note``). So, while the
+projection trains:
 
 - with a freeze flag set (the user chose what trains), it is an error, raised before any model is built;
 - with no flag set, a warning only, so that installing the plugin never breaks a run that worked before.
 
-Config validation (:mod:`bridge_freeze_plugin.validation`) applies the rule to the config's keys; the
-provider (:mod:`bridge_freeze_plugin.mixins.freezable`) applies it again to its own
-``recompute_granularity`` when it builds, which covers runs whose config named no family (a hub id) and
-runs that never went through config validation. Imports nothing heavy.
+No family knowledge lives here. Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -35,10 +31,11 @@ def is_full(value: Any) -> bool:
 
 
 def why(family: FamilySpec) -> str:
+    """The family's reason, as a clause (its table's ``recompute_note``)."""
+    note = f" ({family.recompute_note})" if family.recompute_note else ""
     return (
-        f"on the {family.name} family, under full activation recompute part of the vision projection "
-        "(e.g. Qwen3-VL's DeepStack mergers) gets no gradient, a known Megatron-Bridge problem (the vision "
-        "config copies the language model's recompute settings)"
+        f"on the {family.name} family, under full activation recompute part of the vision projection gets "
+        f"no gradient, a known Megatron-Bridge problem{note}"
     )
 
 
@@ -51,19 +48,25 @@ def check_projection_recompute(
     turn_off: str,
     freeze_projection: str,
     warn: bool = True,
+    sources: Mapping[str, str] | None = None,
 ) -> bool:
-    """Apply rule 7; returns whether it found full recompute with a trained projection on such a family.
+    """Apply the rule; returns whether it found full recompute with a trained projection on such a family.
 
     ``settings`` maps each recompute key, as the user would write it, to its value; ``asked`` names the
     flags as they were set; ``turn_off`` and ``freeze_projection`` are the two fixes, spelt for the user.
     Raises :class:`InvalidFreezeConfigError` when a flag is set; logs a warning (if ``warn``) otherwise.
+    ``sources`` (key -> where its value came from) is shown next to a key whose value did not come from the
+    config itself (a layout default, an override...).
     """
     full_keys = [key for key, value in settings.items() if is_full(value)]
     if family is None or not family.projection_needs_recompute_off or not full_keys:
         return False
     if selection.freeze_vision_projection:
         return False
-    setting = " and ".join(f"{key}=full" for key in full_keys)
+    sources = sources or {}
+    setting = " and ".join(
+        f"{key}=full" + (f" ({sources[key]})" if sources.get(key, "config") != "config" else "") for key in full_keys
+    )
     if selection.any_set:
         raise InvalidFreezeConfigError(
             f"{asked} leaves the vision projection training while {setting}: {why(family)}. Turn full recompute "

@@ -1,0 +1,254 @@
+"""A layout + a config -> :class:`RunSettings`: every value the rules read, and where it came from.
+
+Reading judges only the shape of a value (a flag that is not a real boolean, a key that looks like a
+misspelt flag: errors at once); what the values mean together is for :mod:`bridge_freeze_plugin.rules`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bridge_freeze_plugin.config.layouts import Layout
+from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError
+from bridge_freeze_plugin.registry import FamilySpec
+from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
+
+#: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.
+_MISSPELLING_CUTOFF = 0.8
+#: Where a value came from when nothing recorded it (a config passed in code).
+IN_CONFIG = "config"
+
+
+def as_yaml(value: Any) -> str:
+    """A value as a user would write it in YAML / on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def join_problems(problems: Sequence[str]) -> str:
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems in the freeze configuration:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The LoRA settings that matter to the freeze rules. ``rank`` 0 means LoRA is off."""
+
+    rank: int = 0
+    alpha: float | None = None
+    target_modules: tuple[str, ...] | str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise InvalidFreezeConfigError(f"LoRA rank must be a non-negative integer (0: LoRA off), got {self.rank!r}")
+        if isinstance(self.target_modules, list):
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value, the key it lives at (``None``: no key, e.g. an API argument) and where it came from."""
+
+    value: Any
+    key: str | None
+    source: str = IN_CONFIG
+
+    @property
+    def written(self) -> str:
+        """``key=value`` (with its source when that is not the config itself)."""
+        text = f"{self.key}={as_yaml(self.value)}"
+        return text if self.source == IN_CONFIG else f"{text} ({self.source})"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the rules read from one run's config."""
+
+    layout: str
+    selection: FreezeSelection
+    flags_key: str
+    strategy: Setting
+    language_model_only: Setting
+    lora: LoraSettings
+    lora_rank: Setting
+    recompute: tuple[Setting, ...]
+    family: FamilySpec | None = None
+    family_source: str | None = None
+    provider: Any = None
+    provider_target: Setting | None = None
+    reference: FreezeSelection | None = None
+    reference_key: str | None = None
+    #: other components' language_model_only that must agree with the policy's (used ones only)
+    peers: tuple[tuple[str, Setting], ...] = ()
+    #: malformed settings next to the flags (rejected only when a flag is set)
+    malformed: tuple[str, ...] = field(default_factory=tuple)
+
+
+def plain(node: Any, key: str) -> Any:
+    """A config node as plain Python (interpolations resolved); mappings stay mappings."""
+    if isinstance(node, DictConfig) or OmegaConf.is_config(node):
+        try:
+            return OmegaConf.to_container(node, resolve=True)
+        except OmegaConfBaseException as exc:
+            raise InvalidFreezeConfigError(f"cannot resolve {key}: {exc}") from exc
+    return node
+
+
+def select(cfg: Any, key: str) -> Any:
+    """``cfg[key]`` for a dotted key, ``None`` when any level is missing (or null)."""
+    node: Any = cfg
+    for part in key.split("."):
+        if isinstance(node, DictConfig):
+            if part not in node:
+                return None
+            try:
+                node = node[part]
+            except OmegaConfBaseException as exc:
+                raise InvalidFreezeConfigError(f"cannot resolve {key}: {exc}") from exc
+        elif isinstance(node, Mapping):
+            node = node.get(part)
+        else:
+            return None
+        if node is None:
+            return None
+    return plain(node, key)
+
+
+def section(cfg: Any, key: str) -> Mapping[str, Any]:
+    value = select(cfg, key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidFreezeConfigError(f"{key} must be a mapping of settings, got {value!r}")
+    return value
+
+
+def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None) -> tuple[str, bool] | None:
+    """(message, is-a-type-problem) for one key of a flags' section, or ``None`` when it is fine."""
+    if key in FLAGS:
+        if isinstance(value, bool):
+            return None
+        return (
+            f"{where}.{key} must be a boolean (true or false), got {as_yaml(value)!r} "
+            f"({type(value).__name__}); write {where}.{key}=true or {where}.{key}=false", True,
+        )
+    close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
+    if close:
+        return (f"{where}.{key} is not a freeze flag; did you mean {where}.{close[0]}? "
+                f"(the flags are {', '.join(FLAGS)})", False)
+    if known is not None and key.startswith("freeze_") and key not in known:
+        guess = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=0.5)
+        hint = f"did you mean {where}.{guess[0]}? " if guess else ""
+        others = f"; other freeze settings here: {', '.join(sorted(known))}" if known else ""
+        return (f"{where}.{key} is neither a freeze flag nor a known setting of this section; {hint}"
+                f"(the flags are {', '.join(FLAGS)}{others})", False)
+    return None
+
+
+def read_selection(
+    section: Mapping[str, Any] | None, *, where: str = "megatron_config", known: frozenset[str] | None = None
+) -> FreezeSelection:
+    """The selection in a ``megatron_config``-like mapping, checking every value and key.
+
+    Values must be real booleans (YAML ``true``/``false``); ``1``, ``"yes please"`` or ``null`` are
+    rejected naming the key. A key that looks like a misspelt flag (``freeze_vison_model``) is
+    rejected with the closest flag. With ``known`` (a layout's other ``freeze_*`` settings), any other
+    ``freeze_*`` key is rejected too. Other keys are ignored. A missing flag means ``false``.
+    """
+    section = {} if section is None else plain(section, where)
+    if not isinstance(section, Mapping):
+        raise InvalidFreezeConfigError(f"{where} must be a mapping of settings, got {section!r}")
+    problems = [p for k, v in section.items() if (p := _flag_problem(where, str(k), v, known)) is not None]
+    if problems:
+        type_only = all(is_type for _, is_type in problems)
+        raise (FreezeFlagTypeError if type_only else InvalidFreezeConfigError)(join_problems([m for m, _ in problems]))
+    return FreezeSelection(**{str(k): v for k, v in section.items() if k in FLAGS})
+
+
+Source = Callable[[str], str]
+
+
+def _bool_setting(cfg: Any, key: str | None, source: Source, malformed: list[str]) -> Setting:
+    value = None if key is None else select(cfg, key)
+    if value is not None and not isinstance(value, bool):
+        malformed.append(f"{key} must be a boolean (true or false), got {as_yaml(value)!r}")
+    return Setting(bool(value), key, source(key) if key else IN_CONFIG)
+
+
+def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tuple[LoraSettings, Setting]:
+    key = f"{layout.lora}.{layout.lora_rank}"
+    present = select(cfg, layout.lora) is not None
+    lora = section(cfg, layout.lora)
+    rank = lora.get(layout.lora_rank, layout.lora_default_rank if present else 0)
+    rank = 0 if rank is None else rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        malformed.append(f"{key} must be a non-negative integer (0: LoRA off), got {as_yaml(rank)!r}")
+        return LoraSettings(), Setting(rank, key, source(key))
+    target = lora.get("target_modules")
+    settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
+                            target_modules=tuple(target) if isinstance(target, list) else target)
+    return settings, Setting(rank, key, source(key))
+
+
+def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting], ...]:
+    """The other components' language_model_only, for those the config writes and that are used."""
+    out = []
+    for peer in layout.peers:
+        value = select(cfg, peer.key)
+        used = not peer.used_when or any(select(cfg, k) is True for k in peer.used_when)
+        if value is not None and used:
+            out.append((peer.what, Setting(value, peer.key, source(peer.key))))
+    return tuple(out)
+
+
+def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> RunSettings:
+    """Every value the rules read from ``cfg`` in ``layout``; ``source(key)`` says where a key's value came from.
+
+    Raises at once for a flag that is not a boolean or an unknown freeze key (policy or reference model);
+    a malformed neighbouring setting is kept in :attr:`RunSettings.malformed`.
+    """
+    source = source or (lambda key: IN_CONFIG)
+    if not isinstance(cfg, (DictConfig, Mapping)):
+        raise TypeError(f"expected an OmegaConf DictConfig or a mapping, got {type(cfg).__name__}")
+    flags = section(cfg, layout.flags)
+    selection = read_selection(flags, where=layout.flags, known=layout.other_freeze_keys)
+    reference = None
+    if layout.reference_flags is not None:
+        reference = read_selection(section(cfg, layout.reference_flags), where=layout.reference_flags,
+                                   known=layout.other_freeze_keys)
+    malformed: list[str] = []
+    strategy = select(cfg, layout.strategy) if layout.strategy else layout.fixed_strategy
+    lmo = _bool_setting(cfg, layout.language_model_only, source, malformed)
+    lora, rank = _lora(cfg, layout, source, malformed)
+    target = select(cfg, layout.provider_target) if layout.provider_target else None
+    return RunSettings(
+        layout=layout.name,
+        selection=selection,
+        flags_key=layout.flags,
+        strategy=Setting(None if strategy is None else str(strategy), layout.strategy,
+                         source(layout.strategy) if layout.strategy else f"always, in the {layout.title} layout"),
+        language_model_only=lmo,
+        lora=lora,
+        lora_rank=rank,
+        recompute=tuple(Setting(select(cfg, key), key, source(key)) for key in layout.recompute),
+        provider_target=None if target is None else Setting(str(target), layout.provider_target,
+                                                             source(str(layout.provider_target))),
+        reference=reference,
+        reference_key=layout.reference_flags,
+        peers=_peers(cfg, layout, source),
+        malformed=tuple(malformed),
+    )

@@ -1,0 +1,193 @@
+"""The freeze rules, each a named function over a run's read settings (:class:`RunSettings`).
+
+A config rule returns its problems (one line each); :func:`check` reports them all together in one
+:class:`InvalidFreezeConfigError`, then asks whether a provider no family covers got a flag
+(:class:`UnsupportedFreezeFlagError`), then applies the full-recompute rule. Every message names the
+key (and, when it did not come from the config itself, where its value came from), the setting it
+conflicts with, and the fix. Documented in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from bridge_freeze_plugin.config.family import import_target
+from bridge_freeze_plugin.config.reading import RunSettings, join_problems
+from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin.provider import resolve_family
+from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.recompute import check_projection_recompute, is_full
+from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
+from bridge_freeze_plugin.selection import FreezeSelection
+
+logger = logging.getLogger("bridge_freeze_plugin")
+
+#: The only strategy under which the flags are honoured (they are applied by the Bridge provider).
+MEGATRON = "megatron"
+
+Rule = Callable[[RunSettings], list[str]]
+
+
+def normalise_strategy(value: Any) -> str | None:
+    """A strategy as compared: stripped, lower-case; ``None`` when not set."""
+    return None if value is None else str(value).strip().lower()
+
+
+def flag_list(selection: FreezeSelection, where: str) -> str:
+    return ", ".join(f"{where}.{flag}=true" for flag in selection.set_flags())
+
+
+def reference_model_never_trains(s: RunSettings) -> list[str]:
+    """A freeze flag under the reference model's section."""
+    if s.reference is None or not s.reference.any_set:
+        return []
+    return [
+        f"{flag_list(s.reference, str(s.reference_key))}: the reference model never trains, so a freeze flag "
+        f"there has no meaning. Remove it from {s.reference_key}; to choose what the policy trains, "
+        f"set the flag under {s.flags_key} instead."
+    ]
+
+
+def neighbours_well_formed(s: RunSettings) -> list[str]:
+    """The settings the rules read next to the flags are well-formed once a flag is set (else left to the trainer)."""
+    return list(s.malformed) if s.selection.any_set else []
+
+
+def strategy_must_be_megatron(s: RunSettings) -> list[str]:
+    """Only Megatron applies the flags; any other strategy would silently ignore them."""
+    if not s.selection.any_set:
+        return []
+    flags, key, strategy = flag_list(s.selection, s.flags_key), s.strategy.key, s.strategy.value
+    if strategy is None:
+        return [
+            f"{flags} requires strategy=megatron, but {key} is not set: the freeze flags are applied by the "
+            f"Megatron-Bridge model provider. Set {key}=megatron, or unset the flag(s)."
+        ]
+    if normalise_strategy(strategy) != MEGATRON:
+        return [
+            f"{flags} requires strategy=megatron, but {s.strategy.written}: the freeze flags are applied by the "
+            f"Megatron-Bridge model provider, and {strategy} would silently ignore them. Set {key}=megatron, or "
+            "unset the flag(s)."
+        ]
+    return []
+
+
+def language_model_only_has_no_vision_part(s: RunSettings) -> list[str]:
+    """A language-model-only run has no vision encoder or projection to choose from."""
+    lmo = s.language_model_only
+    if not (s.selection.any_set and lmo.value):
+        return []
+    return [
+        f"{flag_list(s.selection, s.flags_key)} cannot be combined with {lmo.written}: a language-model-only "
+        f"run has no vision encoder or projection to choose from. Unset the flag(s), or set {lmo.key}=false."
+    ]
+
+
+def all_three_frozen_needs_lora(s: RunSettings) -> list[str]:
+    """All three parts frozen and no adapters: nothing would train."""
+    if not (s.selection.all_set and not s.lora.enabled):
+        return []
+    return [
+        f"{flag_list(s.selection, s.flags_key)}: all three parts are frozen and LoRA is off "
+        f"({s.lora_rank.key}={s.lora.rank}), so nothing would train. Unset at least one flag, or enable LoRA "
+        f"({s.lora_rank.key} > 0) to train adapters on the frozen model."
+    ]
+
+
+def lora_with_partial_selection(s: RunSettings) -> list[str]:
+    """LoRA with one or two flags: LoRA plus full-rank parts is refused (for now)."""
+    if not (s.lora.enabled and s.selection.any_set and not s.selection.all_set):
+        return []
+    key = s.lora_rank.key
+    return [
+        f"{flag_list(s.selection, s.flags_key)} with LoRA ({key}={s.lora.rank}): LoRA plus full-rank components "
+        f"is not supported yet (this selection leaves {s.selection.describe().removeprefix('train ')} training "
+        f"at full rank next to the adapters). Use plain LoRA (unset the flags), LoRA with all three flags true "
+        f"(adapters only), or set {key}=0 to train the selected parts at full rank."
+    ]
+
+
+def language_model_only_agrees(s: RunSettings) -> list[str]:
+    """A language-model-only policy needs the reference model (when used) and the inference engine to agree."""
+    lmo = s.language_model_only
+    if lmo.value is not True:
+        return []
+    return [
+        f"{lmo.written} but {peer.written}: the trainer requires {what}'s language_model_only to agree with "
+        f"the policy's. Set {peer.key}=true, or {lmo.key}=false."
+        for what, peer in s.peers if peer.value is not True
+    ]
+
+
+#: The config rules, in the order their problems are listed.
+CONFIG_RULES: tuple[Rule, ...] = (
+    reference_model_never_trains,
+    neighbours_well_formed,
+    strategy_must_be_megatron,
+    language_model_only_has_no_vision_part,
+    all_three_frozen_needs_lora,
+    lora_with_partial_selection,
+    language_model_only_agrees,
+)
+
+
+def config_problems(s: RunSettings, rules: Sequence[Rule] = CONFIG_RULES) -> list[str]:
+    return [problem for rule in rules for problem in rule(s)]
+
+
+def supported_provider(s: RunSettings) -> FamilySpec | None:
+    """The family, checking that a provider given (or named by ``_target_``) with a flag set is covered."""
+    if s.provider is not None:
+        return resolve_family(s.provider, s.selection) or s.family
+    target = s.provider_target
+    if s.family is not None or target is None or not s.selection.any_set:
+        return s.family
+    cls = import_target(target.value)
+    if cls is not None:
+        return resolve_family(cls, s.selection)
+    supported = ", ".join(f.name for f in list_families())
+    raise UnsupportedFreezeFlagError(
+        f"{flag_list(s.selection, s.flags_key)} was set on the provider {target.written}, but no bridge-freeze "
+        f"family covers this class (and it cannot be imported here to look for a covered base class), so the flag "
+        f"cannot be honoured. Supported families: {supported}. Unset the flag, or register the model's family "
+        "with bridge_freeze_plugin.register_family(...)."
+    )
+
+
+def full_recompute_rule(s: RunSettings, family: FamilySpec | None) -> None:
+    """On a family whose projection loses gradient under full recompute: refuse (a flag set) or warn (none)."""
+    if normalise_strategy(s.strategy.value) not in (None, MEGATRON) or s.language_model_only.value:
+        return
+    settings = {r.key or "recompute_granularity": r.value for r in s.recompute}
+    sources = {r.key or "recompute_granularity": r.source for r in s.recompute}
+    full_keys = [key for key, value in settings.items() if is_full(value)]
+    check_projection_recompute(
+        family, s.selection, settings,
+        asked=flag_list(s.selection, s.flags_key),
+        turn_off=" and ".join(f"{k}=null" for k in full_keys),
+        freeze_projection=f"{s.flags_key}.freeze_vision_projection=true",
+        warn=is_rank0(), sources=sources,
+    )
+    unknown = family is None and full_keys and s.selection.any_set and not s.selection.freeze_vision_projection
+    if unknown and is_rank0():
+        affected = ", ".join(f.name for f in REGISTRY if f.projection_needs_recompute_off) or "none registered"
+        logger.warning(
+            "bridge-freeze: %s with %s, but the model family is not known from the config, so the rule for full "
+            "recompute (on some families part of the projection loses gradient under it: %s) is checked later, "
+            "when the provider is built. To check it now, name the family (family=... in code, --family with "
+            "bridge-freeze check-config).",
+            " and ".join(f"{k}=full" for k in full_keys), flag_list(s.selection, s.flags_key), affected,
+        )
+
+
+def check(s: RunSettings) -> FreezeSelection:
+    """Every rule over ``s``; returns the selection, or raises the first failing stage's error."""
+    problems = config_problems(s)
+    if problems:
+        raise InvalidFreezeConfigError(join_problems(problems))
+    family = supported_provider(s)
+    full_recompute_rule(replace(s, family=family), family)
+    return s.selection
