@@ -70,7 +70,7 @@ class Setting:
     @property
     def written(self) -> str:
         """``key=value`` (with its source when that is not the config itself)."""
-        text = f"{self.key}={as_yaml(self.value)}"
+        text = f"{self.key}={as_yaml(self.value)}" if self.key else as_yaml(self.value)
         return text if self.source == IN_CONFIG else f"{text} ({self.source})"
 
 
