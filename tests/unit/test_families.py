@@ -1,7 +1,7 @@
 """Every family, every one of the 8 selections: the exact set of trainable parameter names.
 
-The expectation comes from this file's own table (regular expressions written from reading each
-Bridge model's module tree), never from the plugin's registry. Models are the real tiny Bridge
+The expectation comes from the tests' own table (``_family_parts.py``: regular expressions written from
+reading each Bridge model's module tree), never from the plugin's registry. Models are the real tiny Bridge
 models where they build on the CPU, the structural stand-in otherwise (see README).
 """
 
@@ -10,49 +10,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from _family_parts import FROZEN_AS_BUILT, PARTS, part_of
 
-from bridge_freeze_plugin import FreezeSelection, make_freezable
 from bridge_freeze_harness.tiny import TINY_FAMILIES, build_tiny_chunks, is_real, make_provider
-
-# family -> (language model, vision encoder, vision projection, untouched other) as regexes over names.
-# The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
-_QWEN3 = (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None)
-_LLAVA = r"llava_model\."
-
-PARTS: dict[str, tuple[str, str, str, str | None]] = {
-    "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
-    "qwen3_vl": _QWEN3,
-    "qwen3_vl_moe": _QWEN3,
-    "qwen35_vl": _QWEN3,
-    "qwen35_vl_moe": _QWEN3,
-    "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
-    "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
-    "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
-    "nemotron_vl": (_LLAVA + r"language_model\.", _LLAVA + r"vision_model\.", _LLAVA + r"vision_projection\.", None),
-    "ernie45_vl": (r"language_model\.", r"(vision_tower|vision_model)\.", r"resampler_model\.", None),
-    "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
-    "kimi_k25_vl": (r"language_model\.", r"vision_tower\.", r"mm_projector\.", None),
-    # Two projector MLPs at the top level; the Lightning Indexer state belongs to no flag.
-    "minimax_m3_vl": (
-        r"language_model\.",
-        r"vision_tower\.vision_model\.",
-        r"(multi_modal_projector|patch_merge_mlp)\.",
-        r"lightning_indexers\.\d+\.",
-    ),
-    "step37": (r"language_model\.", r"vision_model\.", r"image_insert_embedding\.align_projector\.", None),
-    # The MTP block is not the language model here: Bridge's own freeze_mtp_model decides it, no flag of ours.
-    "exaone45_vl": (
-        r"language_model\.(?!mtp\.)",
-        r"vision_model\.",
-        r"vision_model\.merger\.",
-        r"language_model\.mtp\.",
-    ),
-}
-
-# Parameters Bridge builds with requires_grad=False and never runs (checkpoint-only state): they never train.
-FROZEN_AS_BUILT = {
-    "minimax_m3_vl": r"lightning_indexers\.",
-}
+from bridge_freeze_plugin import FreezeSelection, make_freezable
 
 # Modules Bridge's own freeze() leaves to no flag: ours must put them in the vision encoder.
 BRIDGE_FREEZE_GAPS = {
@@ -61,19 +22,6 @@ BRIDGE_FREEZE_GAPS = {
 }
 
 SELECTIONS = list(FreezeSelection.all_selections())
-
-
-def part_of(family: str, name: str) -> str:
-    lm, vision, projection, other = PARTS[family]
-    if re.match(projection, name):
-        return "vision_projection"
-    if re.match(vision, name):
-        return "vision_model"
-    if re.match(lm, name):
-        return "language_model"
-    if other and re.match(other, name):
-        return "other"
-    raise AssertionError(f"{family}: the test's own table does not cover {name}")
 
 
 def expected_trainable(family: str, names: set[str], selection: FreezeSelection) -> set[str]:
@@ -116,8 +64,8 @@ def test_modules_bridge_leaves_unfrozen_are_frozen_with_the_vision_model(cpu_bri
         assert not any(params[n].requires_grad for n in under), f"{family}: {module} still trains"
 
     # Negative control: Bridge's own provide() + freeze(), with all three flags, leaves them training.
-    from bridge_freeze_plugin import get_family
     from bridge_freeze_harness.tiny import build_context
+    from bridge_freeze_plugin import get_family
 
     bridge_cls = get_family(family).resolve_providers()[0]
     provider.freeze_vision_projection = True
@@ -183,8 +131,8 @@ def test_exaone_mtp_follows_bridge_freeze_mtp_model_not_our_flags(cpu_bridge, se
     assert not any(n.startswith("language_model.mtp.") for n in with_flag)
 
     # Parity: Bridge's own provide() + freeze() with the same flags leaves the same MTP parameters training.
-    from bridge_freeze_plugin import get_family
     from bridge_freeze_harness.tiny import build_context
+    from bridge_freeze_plugin import get_family
 
     bridge_cls = get_family("exaone45_vl").resolve_providers()[0]
     with build_context("exaone45_vl"):

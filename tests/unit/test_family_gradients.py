@@ -4,7 +4,8 @@ the CPU, and the gradients are exactly the selection's.
 For each configuration the model is built ONCE (plain Bridge build, plugin not involved) and each of the 7
 selections is applied with ``bridge_freeze_plugin.apply_selection`` (gradients cleared in between). Then:
 
-- the trainable set is the one computed here from this file's own prefixes (never from the plugin's registry);
+- the trainable set is the one computed from the tests' own prefix table (``_family_parts.py``, never from the
+  plugin's registry);
 - every trainable parameter has a gradient that is not None and not all zeros;
 - every frozen parameter has no gradient (None).
 
@@ -30,58 +31,20 @@ import re
 
 import pytest
 import torch
+from _family_parts import FROZEN_AS_BUILT, PARTS, part_of
 
 from bridge_freeze_harness import train
 from bridge_freeze_harness.tiny import build_tiny_model
 from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 
-# config -> (language model, vision encoder, vision projection, other) as regexes; projection checked first.
-_QWEN3 = (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None)
-PARTS: dict[str, tuple[str, str, str, str | None]] = {
-    "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
-    "qwen3_vl": _QWEN3,
-    "qwen3_vl_moe": _QWEN3,
-    "qwen35_vl": _QWEN3,
-    "qwen35_vl_moe": _QWEN3,
-    "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
-    "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
-    "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
-    "ernie45_vl": (r"language_model\.", r"vision_tower\.", r"resampler_model\.", None),
-    "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
-    "kimi_k25_vl": (r"language_model\.", r"vision_tower\.", r"mm_projector\.", None),
-    "minimax_m3_vl": (
-        r"language_model\.",
-        r"vision_tower\.vision_model\.",
-        r"(multi_modal_projector|patch_merge_mlp)\.",
-        r"lightning_indexers\.\d+\.",
-    ),
-    "step37": (r"language_model\.", r"vision_model\.", r"image_insert_embedding\.align_projector\.", None),
-    "exaone45_vl": (
-        r"language_model\.(?!mtp\.)", r"vision_model\.", r"vision_model\.merger\.", r"language_model\.mtp\."
-    ),
-}
-
 #: Every tiny configuration that must train on the CPU (Nemotron-VL cannot: Mamba needs mamba-ssm).
-TRAINABLE = sorted(PARTS)
+TRAINABLE = sorted(set(PARTS) - {"nemotron_vl"})
 
 #: The plugin registry's family of a configuration, where the names differ.
 REGISTRY_FAMILY = {"qwen35_vl_moe": "qwen35_vl"}
 
-#: Built frozen by Bridge and never run: never trainable, never a gradient.
-FROZEN_AS_BUILT = {"minimax_m3_vl": r"lightning_indexers\."}
-
 SELECTIONS = [s for s in FreezeSelection.all_selections() if s.trained_parts()]
 EXPERT = re.compile(r"^(.*\.local_experts\.\d+)\.")
-
-
-def part_of(name: str, config: str) -> str:
-    lm, vision, projection, other = PARTS[config]
-    for part, pattern in (("vision_projection", projection), ("vision_model", vision), ("language_model", lm)):
-        if re.match(pattern, name):
-            return part
-    if other and re.match(other, name):
-        return "other"
-    raise AssertionError(f"{config}: this test's table does not cover {name}")
 
 
 class ExpertSignal:
@@ -129,7 +92,7 @@ def _check_selection(config: str, model: torch.nn.Module, batch: dict, selection
     params = dict(model.named_parameters())
     frozen_parts = {p.value for p in selection.frozen_parts()}
     never = FROZEN_AS_BUILT.get(config)
-    want = {n for n in params if part_of(n, config) not in frozen_parts and not (never and re.match(never, n))}
+    want = {n for n in params if part_of(config, n) not in frozen_parts and not (never and re.match(never, n))}
     problems = []
     got = {n for n, p in params.items() if p.requires_grad}
     if got != want:
@@ -167,10 +130,10 @@ def test_every_selection_gives_gradients_to_exactly_the_trained_parts(cpu_bridge
     batch = train.synthetic_batch(config, provider)
     names = {n for n, _ in model.named_parameters()}
     # Every part is really present, so no selection can pass vacuously.
-    assert {part_of(n, config) for n in names} >= {"language_model", "vision_model", "vision_projection"}
+    assert {part_of(config, n) for n in names} >= {"language_model", "vision_model", "vision_projection"}
     if config == "exaone45_vl":
         assert not any(n.startswith("language_model.mtp.") for n in names)  # see module docstring
     elif PARTS[config][3]:
-        assert "other" in {part_of(n, config) for n in names}
+        assert "other" in {part_of(config, n) for n in names}
     problems = {str(s.as_dict()): found for s in SELECTIONS if (found := _check_selection(config, model, batch, s))}
     assert problems == {}

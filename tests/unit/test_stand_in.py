@@ -8,8 +8,8 @@ import re
 
 import torch
 
-from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 from bridge_freeze_harness.stand_ins import Qwen3VLModelShaped
+from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 
 PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 

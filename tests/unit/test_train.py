@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
-from bridge_freeze_plugin import FreezeSelection, make_freezable
 from bridge_freeze_harness import train
 from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model
+from bridge_freeze_plugin import FreezeSelection, make_freezable
 
 # Independent of the registry: the projection of each family, as read off Bridge's model code.
 PROJECTION = {
