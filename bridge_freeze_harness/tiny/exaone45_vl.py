@@ -10,8 +10,8 @@ CPU patches (:func:`cpu_patches`), none of which changes module or parameter nam
 
 - EXAONE 4's layer spec puts Bridge's ``TERowParallelLinearLayerNorm`` (a TransformerEngine row-parallel
   linear followed by a ``post_layernorm``) into ``linear_proj`` and ``linear_fc2``. While building, that
-  name resolves to :class:`LocalRowParallelLinearLayerNorm`: megatron-core's local ``RowParallelLinear``
-  with the same ``post_layernorm`` child.
+  name resolves to :class:`~bridge_freeze_harness.local_layers.RowParallelLinearLayerNorm`: megatron-core's
+  local ``RowParallelLinear`` with the same ``post_layernorm`` child.
 - EXAONE's spec leaves the Q/K norm classes to megatron-core's default, TransformerEngine's ``TENorm``
   (``qk_layernorm=True``); while building, that default is megatron-core's local ``WrappedTorchNorm``.
 - Bridge's EXAONE 4.5 MTP spec helper asks megatron-core for TransformerEngine MTP layers
@@ -84,26 +84,6 @@ def make_provider(**overrides: Any) -> Any:
     return finalized(provider, **overrides)
 
 
-def _local_row_parallel_linear_layer_norm() -> type:
-    from megatron.core.tensor_parallel import RowParallelLinear
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    class LocalRowParallelLinearLayerNorm(RowParallelLinear):
-        """Row-parallel linear, then a norm of its output held as ``post_layernorm`` (CPU build only)."""
-
-        def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
-            super().__init__(input_size, output_size, config=config, **kwargs)
-            self.post_layernorm = WrappedTorchNorm(
-                config, output_size, eps=config.layernorm_epsilon, normalization=config.normalization
-            )
-
-        def forward(self, x: Any) -> Any:
-            output, bias = super().forward(x)
-            return self.post_layernorm(output), bias
-
-    return LocalRowParallelLinearLayerNorm
-
-
 @contextlib.contextmanager
 def cpu_patches() -> Iterator[None]:
     """EXAONE's Post-LN row-parallel linear and the Q/K norms -> local equivalents; MTP spec without TE."""
@@ -111,8 +91,10 @@ def cpu_patches() -> Iterator[None]:
     from megatron.core.transformer import attention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
+    from bridge_freeze_harness.local_layers import RowParallelLinearLayerNorm
+
     patches = [
-        (exaone4_provider, "TERowParallelLinearLayerNorm", _local_row_parallel_linear_layer_norm()),
+        (exaone4_provider, "TERowParallelLinearLayerNorm", RowParallelLinearLayerNorm),
         (attention, "TENorm", WrappedTorchNorm),
     ]
     with patched(patches), local_mtp_block_spec():

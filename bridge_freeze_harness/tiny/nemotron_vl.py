@@ -11,7 +11,7 @@ point 4 is :func:`tiny_patches` (the tiny configuration only).
 1. Language spec: the provider hands megatron-core's ``hybrid_stack_spec`` (TransformerEngine
    classes, fixed at import) to ``LLaVAModel``. It sees a copy of that spec with the same layout
    in which each TE class is swapped for a local one: ``TELayerNormColumnParallelLinear`` ->
-   ``CpuLayerNormColumnParallelLinear`` (from :func:`cpu_classes`: a ``ColumnParallelLinear`` with
+   ``LayerNormColumnParallelLinear`` (from :mod:`bridge_freeze_harness.local_layers`: a ``ColumnParallelLinear`` with
    the fused norm's ``layer_norm_weight`` / ``layer_norm_bias``, so parameter names are TE's),
    ``TERowParallelLinear`` / ``TEColumnParallelLinear`` -> ``RowParallelLinear`` /
    ``ColumnParallelLinear``, ``TEDotProductAttention`` -> ``DotProductAttention``, ``TENorm`` ->
@@ -21,7 +21,7 @@ point 4 is :func:`tiny_patches` (the tiny configuration only).
    ``WrappedTorchNorm`` (same ``final_norm.weight`` name).
 3. Mamba: ``MambaMixer.__init__`` refuses to run without the ``mamba-ssm`` package (not
    installable here: CUDA-only wheels) and builds its gated RMSNorm from it. While building,
-   ``mamba_mixer.HAVE_MAMBA_SSM`` reads True and its gated norm is ``CpuGatedRMSNorm`` (:func:`cpu_classes`)
+   ``mamba_mixer.HAVE_MAMBA_SSM`` reads True and its gated norm is ``local_layers.GatedRMSNorm``
    (same ``norm.weight`` parameter). The rest of ``MambaMixer`` (``in_proj``, ``conv1d_weight``,
    ``conv1d_bias``, ``dt_bias``, ``A_log``, ``D``, ``out_proj``) is the real constructor's.
    Construction only: a Mamba layer's forward needs mamba-ssm's kernels and fails on the CPU.
@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,75 +83,6 @@ TINY_PROJECTION_FFN = 128
 
 
 
-@functools.cache
-def cpu_classes() -> tuple[type, type]:
-    """``(CpuLayerNormColumnParallelLinear, CpuGatedRMSNorm)``, defined on first use (imports megatron-core)."""
-    import torch
-    import torch.nn.functional as F
-    from megatron.core.tensor_parallel import ColumnParallelLinear
-
-    class CpuLayerNormColumnParallelLinear(ColumnParallelLinear):
-        """``ColumnParallelLinear`` with a norm in front, holding TE ``LayerNormLinear``'s parameter names."""
-
-        _ACCEPTED = frozenset(inspect.signature(ColumnParallelLinear.__init__).parameters)
-
-        def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
-            kwargs = {k: v for k, v in kwargs.items() if k in self._ACCEPTED}
-            super().__init__(input_size, output_size, config=config, **kwargs)
-            self.normalization = config.normalization
-            self.eps = config.layernorm_epsilon
-            self.zero_centered_gamma = bool(config.layernorm_zero_centered_gamma)
-            init = torch.zeros if self.zero_centered_gamma else torch.ones
-            self.layer_norm_weight = torch.nn.Parameter(init(input_size, dtype=config.params_dtype))
-            norm_params = [self.layer_norm_weight]
-            if self.normalization == "LayerNorm":
-                self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype))
-                norm_params.append(self.layer_norm_bias)
-            else:
-                self.layer_norm_bias = None
-            for param in norm_params:
-                param.sequence_parallel = bool(config.sequence_parallel)
-
-        def forward(self, input_: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            weight = self.layer_norm_weight + 1 if self.zero_centered_gamma else self.layer_norm_weight
-            shape = (input_.shape[-1],)
-            if self.normalization == "LayerNorm":
-                normed = F.layer_norm(input_, shape, weight, self.layer_norm_bias, self.eps)
-            else:
-                normed = F.rms_norm(input_, shape, weight, self.eps)
-            return super().forward(normed, *args, **kwargs)
-
-    class CpuGatedRMSNorm(torch.nn.Module):
-        """Group-wise RMSNorm of ``x * silu(z)`` (gate before norm), the Mamba2 output norm."""
-
-        def __init__(
-            self,
-            hidden_size: int,
-            eps: float = 1e-5,
-            group_size: int | None = None,
-            norm_before_gate: bool = False,
-            device: Any = None,
-            dtype: torch.dtype | None = None,
-        ) -> None:
-            super().__init__()
-            self.eps = eps
-            self.group_size = group_size or hidden_size
-            self.norm_before_gate = norm_before_gate
-            self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-
-        def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-            if z is not None and not self.norm_before_gate:
-                x = x * F.silu(z)
-            grouped = x.reshape(*x.shape[:-1], -1, self.group_size)
-            grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-            out = grouped.reshape(x.shape) * self.weight
-            if z is not None and self.norm_before_gate:
-                out = out * F.silu(z)
-            return out
-
-    return CpuLayerNormColumnParallelLinear, CpuGatedRMSNorm
-
-
 def _local_classes() -> list[tuple[Any, type]]:
     """(TE name as megatron-core holds it, local replacement). Without TE those names are mocks, not classes."""
     from megatron.core.extensions import transformer_engine as te_ext
@@ -160,9 +90,10 @@ def _local_classes() -> list[tuple[Any, type]]:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    layer_norm_linear, _ = cpu_classes()
+    from bridge_freeze_harness.local_layers import LayerNormColumnParallelLinear
+
     return [
-        (te_ext.TELayerNormColumnParallelLinear, layer_norm_linear),
+        (te_ext.TELayerNormColumnParallelLinear, LayerNormColumnParallelLinear),
         (te_ext.TEColumnParallelLinear, ColumnParallelLinear),
         (te_ext.TERowParallelLinear, RowParallelLinear),
         (te_ext.TEDotProductAttention, DotProductAttention),
@@ -238,12 +169,14 @@ def cpu_patches() -> Iterator[None]:
     from megatron.core.ssm import mamba_mixer
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
+    from bridge_freeze_harness.local_layers import GatedRMSNorm
+
     with patched(
         [
             (nemotron_vl_provider, "hybrid_stack_spec", local_hybrid_stack_spec()),
             (hybrid_block, "TENorm", WrappedTorchNorm),
             (mamba_mixer, "HAVE_MAMBA_SSM", True),
-            (mamba_mixer, "ExtendedRMSNorm", cpu_classes()[1]),
+            (mamba_mixer, "ExtendedRMSNorm", GatedRMSNorm),
         ]
     ):
         yield
