@@ -14,11 +14,14 @@ Gemma3-VL's fixed ``attention_backend=fused`` makes megatron-core set ``NVTE_*``
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from bridge_freeze_harness.batches import TrainSpec, image_rows
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -99,3 +102,27 @@ TRAIN_SPECS = {
         make_batch=train_batch,
     ),
 }
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Any Gemma3 build (e.g. a full-size config, whose spec is Bridge's TE-only ``gemma3_layer_spec``).
+
+    The TE classes that spec names resolve to :mod:`bridge_freeze_harness.local_layers` ones with TE's
+    parameter names (fused ``linear_qkv.layer_norm_weight``, ``linear_proj.post_layernorm``, zero-centred
+    gamma) and megatron-core's local ``DotProductAttention``. The tiny configuration does not need this (it
+    builds from the local GPT spec, see above), but it runs under it too.
+    """
+    from megatron.bridge.models.gemma import gemma3_provider
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from bridge_freeze_harness.local_layers import LayerNormColumnParallelLinear, Norm, RowParallelLinearLayerNorm
+
+    patches = [
+        (gemma3_provider, "TELayerNormColumnParallelLinear", LayerNormColumnParallelLinear),
+        (gemma3_provider, "TERowParallelLinearLayerNorm", RowParallelLinearLayerNorm),
+        (gemma3_provider, "Gemma3TEDotProductAttention", DotProductAttention),
+        (gemma3_provider, "TENorm", Norm),
+    ]
+    with patched(patches):
+        yield

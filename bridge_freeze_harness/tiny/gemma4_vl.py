@@ -19,11 +19,15 @@ CPU changes, all through provider fields (no patches):
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from bridge_freeze_harness.batches import TrainSpec, random_text, text_batch, text_range, token_row
+from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
@@ -173,3 +177,33 @@ TRAIN_SPECS = {
         make_batch=train_batch,
     ),
 }
+
+
+def _local_layers(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{**kwargs, "use_transformer_engine": False})
+
+    return call
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Any Gemma4 build: Bridge's default spec (``_gemma4_block_spec`` with TE) on local layers.
+
+    Its decoder block spec is asked for local layers; its TE core attention is megatron-core's local
+    ``DotProductAttention``; the post-norm row-parallel ``linear_proj`` it adds with TE is
+    :class:`~bridge_freeze_harness.local_layers.RowParallelLinearLayerNorm` (TE's names).
+    """
+    from megatron.bridge.models.gemma import modeling_gemma4
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from bridge_freeze_harness.local_layers import RowParallelLinearLayerNorm
+
+    patches = [
+        (modeling_gemma4, "get_gpt_decoder_block_spec", _local_layers(modeling_gemma4.get_gpt_decoder_block_spec)),
+        (modeling_gemma4, "Gemma4TEDotProductAttention", DotProductAttention),
+        (modeling_gemma4, "TERowParallelLinearLayerNorm", RowParallelLinearLayerNorm),
+    ]
+    with patched(patches):
+        yield

@@ -124,3 +124,34 @@ def test_kimi_offline_stand_ins_are_tiny_only(cpu_bridge):
     with build_context("kimi_k25_vl"):
         assert modeling_kimi_k25_vl.get_class_from_dynamic_module is not original
     assert modeling_kimi_k25_vl.get_class_from_dynamic_module is original
+
+
+def _default_layer_spec(provider: object) -> object:
+    import dataclasses
+
+    spec_field = {f.name: f for f in dataclasses.fields(provider)}["transformer_layer_spec"]
+    return spec_field.default if spec_field.default is not dataclasses.MISSING else spec_field.default_factory()
+
+
+@pytest.mark.parametrize(
+    ("family", "te_named"),
+    [
+        ("gemma3_vl", "language_model.decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"),
+        ("gemma4_vl", "language_model.decoder.layers.0.self_attention.linear_proj.post_layernorm.weight"),
+    ],
+)
+def test_bridges_own_te_layer_spec_builds_under_the_any_size_cpu_patches(cpu_bridge, family, te_named):
+    """What a full-size ``plan --hf-config`` build gets: the provider's default (TE-only) spec, on the meta device."""
+    import torch
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from bridge_freeze_harness import cpu_build_context
+    from bridge_freeze_harness.tiny import make_provider
+
+    provider = make_provider(family)
+    provider.transformer_layer_spec = _default_layer_spec(provider)  # what AutoBridge leaves there
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    with cpu_build_context(family), torch.device("meta"):
+        model = provider.provide(pre_process=True, post_process=True)
+    names = {n for n, _ in model.named_parameters()}
+    assert te_named in names  # TransformerEngine's parameter names, on local layers
