@@ -125,9 +125,11 @@ class FamilySpec:
     projection_needs_recompute_off: bool = False
     #: Why, in one clause a message can quote (family knowledge stays in the family's table).
     recompute_note: str = ""
-    #: Modules (prefixes) whose full activation recompute gives the vision side wrong gradients: the plugin
-    #: turns recompute off in their configs when a vision part trains under full recompute.
+    #: Modules (prefixes) whose full activation recompute gives wrong gradients: the plugin turns recompute off
+    #: in their configs when one of ``full_recompute_affects`` trains under full recompute.
     no_full_recompute: tuple[str, ...] = ()
+    #: The parts whose gradients that recompute gets wrong (their training triggers the fix).
+    full_recompute_affects: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -140,9 +142,15 @@ class FamilySpec:
                 f"family name {self.name!r} must be a non-empty string of letters, digits, '_', '-' or '.'"
             )
         for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
-                     "no_full_recompute"):
+                     "no_full_recompute", "full_recompute_affects"):
             object.__setattr__(self, attr, _string_tuple(self.name, attr, getattr(self, attr)))
         _check_providers(self.name, self.providers)
+        unknown = set(self.full_recompute_affects) - {p.value for p in SELECTABLE_PARTS}
+        if unknown or bool(self.no_full_recompute) != bool(self.full_recompute_affects):
+            raise FamilyRegistrationError(
+                f"family {self.name!r}: no_full_recompute and full_recompute_affects go together, and the latter "
+                f"names parts ({', '.join(p.value for p in SELECTABLE_PARTS)}); got {sorted(unknown) or 'one alone'}"
+            )
         for part in SELECTABLE_PARTS:
             if not self.prefixes(part):
                 raise FamilyRegistrationError(
@@ -209,6 +217,7 @@ class FamilySpec:
             "projection_needs_recompute_off": self.projection_needs_recompute_off,
             "recompute_note": self.recompute_note,
             "no_full_recompute": list(self.no_full_recompute),
+            "full_recompute_affects": list(self.full_recompute_affects),
             "source": self.source,
         }
 
@@ -344,6 +353,7 @@ def register_family(
     projection_needs_recompute_off: bool = False,
     recompute_note: str = "",
     no_full_recompute: Iterable[str] = (),
+    full_recompute_affects: Iterable[str] = (),
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
@@ -360,6 +370,7 @@ def register_family(
         projection_needs_recompute_off=projection_needs_recompute_off,
         recompute_note=recompute_note,
         no_full_recompute=tuple(no_full_recompute),
+        full_recompute_affects=tuple(full_recompute_affects),
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)

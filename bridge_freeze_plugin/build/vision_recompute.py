@@ -49,18 +49,18 @@ def policy_of(provider: Any) -> str:
 
 
 def needs_fix(family: FamilySpec | None, selection: FreezeSelection, recompute_granularity: Any) -> bool:
-    """Whether a training vision side under full recompute meets a family whose vision tower breaks under it."""
+    """Whether a part whose gradients full recompute gets wrong on this family trains under full recompute."""
     if family is None or not family.no_full_recompute or not is_full(recompute_granularity):
         return False
-    return bool({Part.VISION_MODEL, Part.VISION_PROJECTION} & selection.trained_parts())
+    return bool({Part(p) for p in family.full_recompute_affects} & selection.trained_parts())
 
 
 def note(family: FamilySpec) -> str:
     """The report's line: what was changed, and why."""
     where = ", ".join(family.no_full_recompute)
     return (
-        f"full activation recompute turned off in {where} (the language model keeps it): on {family.name}, "
-        f"{family.recompute_note or 'full recompute there loses vision gradients'}"
+        f"full activation recompute turned off in {where} (the rest of the model keeps it): on {family.name}, "
+        f"{family.recompute_note or 'full recompute there gives wrong gradients'}"
     )
 
 
@@ -83,14 +83,14 @@ def turn_off(model: Any, family: FamilySpec) -> int:
 def refuse(context: BuildContext, *, warn_only: bool, rank0: bool) -> None:
     """The "refuse" policy: an error when a flag is set, a warning (rank 0) when none is."""
     assert context.family is not None
-    trained = " and ".join(p.value for p in (Part.VISION_MODEL, Part.VISION_PROJECTION)
-                           if p in context.selection.trained_parts())
+    trained = " and ".join(p for p in context.family.full_recompute_affects
+                           if Part(p) in context.selection.trained_parts())
     message = (
         f"{context.asked} trains the {trained} under recompute_granularity=full, with {POLICY_ATTR}='refuse': "
-        f"on the {context.family.name} family {context.family.recompute_note or 'that loses vision gradients'}. "
-        f"Let the plugin turn recompute off in the vision tower only ({POLICY_ATTR}='fix', the default), turn full "
-        f"recompute off (recompute_granularity=None, or selective), or freeze the vision side "
-        f"(freeze_vision_model=True and freeze_vision_projection=True)."
+        f"on the {context.family.name} family {context.family.recompute_note or 'that gives wrong gradients'}. "
+        f"Let the plugin turn recompute off in {', '.join(context.family.no_full_recompute)} only "
+        f"({POLICY_ATTR}='fix', the default), turn full recompute off (recompute_granularity=None, or selective), "
+        f"or freeze those parts ({', '.join(f'freeze_{p}=True' for p in context.family.full_recompute_affects)})."
     )
     if not warn_only:
         raise InvalidFreezeConfigError(message)

@@ -6,9 +6,16 @@ _PKG = "megatron.bridge.models.qwen_vl"
 
 # Qwen3-VL: the Megatron vision tower ``vision_model`` holds the main projection ``merger`` and
 # the DeepStack mergers ``decoder.deepstack_merger_list``; the rest of it is the encoder.
+_QWEN3_LAYOUT = {
+    "language_model": ("language_model",),
+    "vision_model": ("vision_model",),
+    "vision_projection": ("vision_model.merger", "vision_model.decoder.deepstack_merger_list"),
+}
 # Under full activation recompute the vision config copies the LM's recompute settings, and the DeepStack
-# mergers (run inside the checkpointed function, outputs returned in a Python list) get no gradient.
-_QWEN3_PARTS = {
+# mergers (run inside the checkpointed function, outputs returned in a Python list) get no gradient, the
+# encoder layers before them a wrong one (measured: tests/unit/test_recompute_fix.py). Qwen3.5-VL shares the
+# layout but its vision config has no DeepStack indexes: its recompute gradients are right (same test).
+_QWEN3_RECOMPUTE = {
     "projection_needs_recompute_off": True,
     "recompute_note": (
         "the vision config copies the language model's recompute settings, and the DeepStack mergers run "
@@ -17,10 +24,9 @@ _QWEN3_PARTS = {
         "before them)"
     ),
     "no_full_recompute": ("vision_model",),
-    "language_model": ("language_model",),
-    "vision_model": ("vision_model",),
-    "vision_projection": ("vision_model.merger", "vision_model.decoder.deepstack_merger_list"),
+    "full_recompute_affects": ("vision_model", "vision_projection"),
 }
+_QWEN3_PARTS = {**_QWEN3_LAYOUT, **_QWEN3_RECOMPUTE}
 
 FAMILIES = [
     FamilySpec(
@@ -54,6 +60,6 @@ FAMILIES = [
             f"{_PKG}.qwen35_vl_provider:Qwen35VLMoEModelProvider",
         ),
         hf_model_types=("qwen3_5", "qwen3_5_moe"),
-        **_QWEN3_PARTS,
+        **_QWEN3_LAYOUT,
     ),
 ]
