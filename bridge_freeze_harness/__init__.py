@@ -6,8 +6,9 @@ providers name TE layer specs or classes directly. To build the real model class
 providers on a CPU or the meta device (same module tree, same parameter names: what the plugin classifies),
 this package gives those two Bridge modules a TE stub only while they execute (megatron-core keeps
 ``HAVE_TE=False``; :mod:`._te_stub`), brings up a gloo CPU runtime (:mod:`.cpu_runtime`), swaps TE specs for
-megatron-core's local ones while a model is built (:mod:`.local_specs`, :mod:`.context`, and each family's
-module under :mod:`.tiny`), and runs forward / backward / AdamW steps on synthetic batches (:mod:`.train`).
+megatron-core's local ones while a model is built (:mod:`.local_specs`, :mod:`.local_layers`, :mod:`.context`,
+and each family's module under :mod:`.tiny`), and runs forward / backward / AdamW steps on synthetic batches
+(:mod:`.batches`, :mod:`.forward`: CPU forward patches, activation recompute included; :mod:`.train`).
 Layer implementations are megatron-core's local ones; numerics are not a GPU run's.
 
 Who imports it. It is never on the plugin's runtime path: activation, the provider mixin, the freeze, the
