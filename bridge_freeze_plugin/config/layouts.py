@@ -155,6 +155,8 @@ def _evidence(top: Mapping[str, Any]) -> dict[str, str]:
     model = top.get("model")
     if isinstance(model, Mapping) and "_target_" in model:
         found["bridge"] = "model._target_ names a provider class"
+    elif isinstance(model, Mapping) and any(str(k).startswith("freeze_") for k in model):
+        found["bridge"] = "model.freeze_* (provider fields)"
     elif bridge := [k for k in BRIDGE.markers if k in top]:
         found["bridge"] = f"top-level {', '.join(bridge)}"
     if "trainer" in top:

@@ -222,6 +222,12 @@ def test_bridge_unsupported_provider_target():
     assert verdict(BRIDGE, ["model._target_=my_pkg.models.MyVLMProvider"]) == FreezeSelection()
 
 
+def test_bridge_overrides_only_are_recognised_by_the_provider_fields():
+    run = load_run(None, ["model.freeze_vision_model=True"])
+    assert run.layout.name == "bridge" and run.validate() == VISION
+    assert load_run(None, ["model.path=/ckpt", "megatron_config.freeze_vision_model=true"]).layout.name == "sft"
+
+
 def test_bridge_api_on_a_plain_mapping():
     cfg = {"model": {"_target_": "megatron.bridge.models.gemma_vl.gemma3_vl_provider.Gemma3VLModelProvider",
                      "freeze_language_model": True}, "peft": None}
