@@ -24,6 +24,7 @@ FIGURES: dict[str, str] = {
     "step": "benchmarks.step_time",
     "activation": "benchmarks.activation",
     "plan": "benchmarks.plan",
+    "recompute": "benchmarks.recompute",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -18,6 +18,7 @@ EXPECTED = {
     "step": {"ratio", "full_step_ms", "vision_layer_backward_calls", "vision_backward_skipped_when_frozen"},
     "activation": {"python_c_pass", "import_megatron_bridge"},
     "plan": {"available", "time_ratio", "peak_rss_ratio"},
+    "recompute": {"cpu_tiny", "full_size_estimate"},
 }
 
 
@@ -30,7 +31,7 @@ def test_quick_run_writes_every_figure(tmp_path):
     env["PYTHONWARNINGS"] = "ignore"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
@@ -50,6 +51,10 @@ def test_quick_run_writes_every_figure(tmp_path):
     adapters = mixed["lora"]["adapter_params"]
     assert mixed["trainable_params"] == projection["trainable_params"] + adapters  # exactly adapters + projection
     assert result["figures"]["step"]["vision_backward_skipped_when_frozen"]
+    recompute = result["figures"]["recompute"]["cpu_tiny"]
+    assert recompute["vision_recompute"] == {"everywhere": "full", "fix": None}
+    assert recompute["full_recompute_everywhere_bytes"] < recompute["vision_recompute_off_bytes"]
+    assert recompute["vision_recompute_off_bytes"] < recompute["no_recompute_bytes"]
     assert "written:" in proc.stdout
 
 
