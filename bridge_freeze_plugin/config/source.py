@@ -20,6 +20,10 @@ from bridge_freeze_plugin.config.loading import Override, Provenance, apply_over
 from bridge_freeze_plugin.config.reading import IN_CONFIG
 from bridge_freeze_plugin.errors import ConfigLoadError
 
+#: The source of a key the config does not have (its value is the rules' "unset").
+NOT_WRITTEN = "not written"
+_ABSENT = object()
+
 
 @dataclass(frozen=True)
 class LoadedConfig:
@@ -38,6 +42,9 @@ class LoadedConfig:
     defaulted: tuple[str, ...] = ()
 
     def source(self, key: str) -> str:
+        """Where ``key``'s value came from; ``not written`` when the config does not have the key."""
+        if OmegaConf.select(self.cfg, key, default=_ABSENT) is _ABSENT:
+            return NOT_WRITTEN
         return self.provenance.source(key) or IN_CONFIG
 
 
