@@ -15,7 +15,8 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
     │   ├── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
     │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
-    └── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
+    ├── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
+    └── CommandError (ValueError)               a ``bridge-freeze`` sub-command cannot do what its arguments ask
 """
 
 from __future__ import annotations
@@ -104,3 +105,7 @@ class PlanError(BridgeFreezeError, ValueError):
 
 class ConfigLoadError(InvalidFreezeConfigError):
     """A config file, an override or a defaults list that cannot be read as written (never dropped silently)."""
+
+
+class CommandError(BridgeFreezeError, ValueError):
+    """A ``bridge-freeze`` sub-command cannot do what its arguments ask (printed as one line, exit code 2)."""

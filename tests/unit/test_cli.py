@@ -88,9 +88,14 @@ def test_demo_trains_and_checks_what_changed(args, trained):
 
 
 def test_demo_failure_paths_are_one_line_and_nonzero():
-    out = run("demo", "kimi_k25_vl")
+    # Nemotron-VL's tiny configuration exists but cannot train on the CPU (its module's CANNOT_TRAIN): the reason is
+    # given, and the list offered is exactly the harness's trainable configurations.
+    from bridge_freeze_harness.train import trainable_families
+
+    out = run("demo", "nemotron_vl")
     assert out.returncode == 2
-    assert "no demo training recipe for 'kimi_k25_vl'" in out.stderr
+    assert "no demo training recipe for 'nemotron_vl' (its Mamba layers' forward needs" in out.stderr
+    assert out.stderr.rstrip().endswith(f"choose one of: {', '.join(sorted(trainable_families()))}")
     assert "Traceback" not in out.stderr
     out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection")
     assert out.returncode == 2 and "nothing would train" in out.stderr
@@ -151,8 +156,8 @@ def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge):
     assert doc["trained_parts"] == ["vision_model", "vision_projection"]
 
     # Independent check: the real tiny model, built with real storage on the CPU, counted here.
-    from bridge_freeze_plugin import get_family
     from bridge_freeze_harness.tiny import build_tiny_model
+    from bridge_freeze_plugin import get_family
 
     model = build_tiny_model("qwen3_vl_moe")
     family = get_family("qwen3_vl_moe")

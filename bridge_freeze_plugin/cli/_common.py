@@ -1,0 +1,143 @@
+"""What every ``bridge-freeze`` sub-command shares: output, the one-line-error parser, argument types and flags.
+
+Usage errors (a bad option or value, caught by argparse) are one line, exit 2, no usage block:
+``bridge-freeze plan: error: ... (see bridge-freeze plan --help)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+from bridge_freeze_plugin.selection import FreezeSelection
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+
+#: torch.manual_seed takes up to 2**64 - 1; negative seeds are refused rather than wrapped.
+MAX_SEED = 2**64 - 1
+
+
+def out(text: str = "") -> None:
+    """Write one line of the command's result to stdout (the library never prints; the command does here)."""
+    sys.stdout.write(text + "\n")
+
+
+def one_line(message: str) -> str:
+    """A (possibly multi-line) message as one line: '2 problems ...: a; b'."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    rest = [line[2:] if line.startswith("- ") else line for line in lines[1:]]
+    return f"{lines[0]} {'; '.join(rest)}"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit 2 (no usage block).
+
+    ``add_subparsers`` makes the sub-parsers of the same class, so every sub-command reports the same
+    way, under its own name: ``bridge-freeze plan: error: ... (see bridge-freeze plan --help)``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+
+def bounded_int(minimum: int, maximum: int | None = None, *, maximum_text: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [minimum, maximum], else a usage error at parse time."""
+    if maximum is None:
+        what = f"an integer >= {minimum}"
+    else:
+        what = f"an integer from {minimum} to {maximum_text or maximum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def logging_flags(parser: argparse.ArgumentParser, *, sub: bool) -> None:
+    """--debug / --log-level, accepted before or after the sub-command."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS if sub else False,
+                        help="show tracebacks and DEBUG logs")
+    parser.add_argument("--log-level", default=argparse.SUPPRESS if sub else "WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], type=str.upper,
+                        help="logging level (default WARNING; INFO also shows Megatron's own messages)")
+
+
+def add_subcommand(subparsers: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A sub-command's parser; its description and examples (``epilog``) are printed as written."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+    return parser
+
+
+def finish_subcommand(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> None:
+    """Add the logging flags (last in --help) and say which function runs the sub-command."""
+    logging_flags(parser, sub=True)
+    parser.set_defaults(func=run, parser=parser)
+
+
+def add_selection_flags(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:
+    """The three --freeze-* flags (and, for the demo, --train-all)."""
+    title = "selection (default for demo: projection only)" if demo else "selection (default: train everything)"
+    group = parser.add_argument_group(title)
+    group.add_argument("--freeze-language-model", action="store_true", help="freeze the language model")
+    group.add_argument("--freeze-vision-model", action="store_true", help="freeze the vision encoder")
+    group.add_argument("--freeze-vision-projection", action="store_true", help="freeze the vision projection")
+    if demo:
+        group.add_argument("--train-all", action="store_true", help="set no flag: train the whole model")
+
+
+def selection_from(args: argparse.Namespace, default: FreezeSelection | None = None) -> FreezeSelection:
+    """The selection the --freeze-* flags ask for; ``default`` when none is given (and not --train-all)."""
+    chosen = FreezeSelection(
+        freeze_language_model=args.freeze_language_model,
+        freeze_vision_model=args.freeze_vision_model,
+        freeze_vision_projection=args.freeze_vision_projection,
+    )
+    if default is None or chosen.any_set or getattr(args, "train_all", False):
+        return chosen
+    return default
+
+
+def flags_line(selection: FreezeSelection) -> str:
+    """``freeze_language_model=true freeze_vision_model=false ...``."""
+    return " ".join(f"{k}={'true' if v else 'false'}" for k, v in selection.as_dict().items())
+
+
+@contextlib.contextmanager
+def quiet_third_party(level: int) -> Iterator[None]:
+    """Keep Megatron / transformers chatter (warnings, INFO lines, prints) off the command's output.
+
+    Anything printed while building goes to stderr (stdout stays the command's result, e.g. JSON);
+    third-party warnings and log records below ERROR show only with --log-level INFO / --debug.
+    Import torch and transformers first: they set their loggers' levels on import.
+    """
+    names = ("megatron", "transformers", "torch", "py.warnings")
+    saved = {name: logging.getLogger(name).level for name in names}
+    disabled = logging.root.manager.disable
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        if level > logging.INFO:
+            warnings.simplefilter("ignore")
+            logging.disable(logging.INFO)  # also loggers that set their own INFO level
+            for name in names:
+                logging.getLogger(name).setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logging.disable(disabled)
+            for name, old in saved.items():
+                logging.getLogger(name).setLevel(old)

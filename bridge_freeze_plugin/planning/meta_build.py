@@ -1,0 +1,164 @@
+"""Build the chosen model on PyTorch's meta device (no storage) with a selection, and plan from what was built.
+
+The build runs under the CPU harness (:mod:`bridge_freeze_harness`, imported lazily; why it exists and who may
+import it is said there): a ``--tiny`` build under its tiny configuration's build context, an ``--hf-config``
+build under :func:`bridge_freeze_harness.cpu_build_context` (the family's any-size CPU patches only, never a tiny
+configuration's). Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
+from bridge_freeze_plugin.planning.estimate import MemoryAssumptions, ParamInfo, Plan, make_plan
+from bridge_freeze_plugin.planning.models import (
+    config_file,
+    error_line,
+    hf_config_provider,
+    resolve_model,
+    tiny_provider,
+)
+from bridge_freeze_plugin.provider import model_name_of, provider_label
+from bridge_freeze_plugin.registry import FamilySpec, family_for_provider, list_families
+from bridge_freeze_plugin.selection import FreezeSelection, Part
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The provider to build, its family, and where its configuration came from."""
+
+    provider: Any
+    family: FamilySpec
+    source: str  # "tiny" or "hf-config"
+    config_path: str | None
+    tiny_name: str | None  # the tiny configuration (source "tiny" only)
+
+
+def collect_params(model: Any, family: FamilySpec) -> list[ParamInfo]:
+    """One record per (distinct) parameter of ``model`` (a module or list of chunks), by part."""
+    from bridge_freeze_plugin.build.classify import as_chunks, named_parameters
+
+    seen: set[int] = set()
+    out = []
+    for _, name, param in named_parameters(as_chunks(model)):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        part = family.classify(name) or Part.OTHER
+        out.append(ParamInfo(name, part, bool(param.requires_grad), int(param.numel()), tuple(param.shape)))
+    return out
+
+
+def bridge_runtime() -> None:
+    """Import Megatron-Bridge (TE stub) and bring up the single-process CPU runtime."""
+    from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
+
+    import_bridge()
+    init_cpu_distributed()
+
+
+def _build_context(family_name: str, tiny_name: str | None) -> Any:
+    """A tiny configuration's build context, or (``tiny_name`` None) the any-size CPU context of the family."""
+    if tiny_name is not None:
+        from bridge_freeze_harness.tiny import build_context
+
+        return build_context(tiny_name)
+    from bridge_freeze_harness import cpu_build_context
+
+    return cpu_build_context(family_name)
+
+
+def build_meta_model(provider: Any, *, family_name: str, tiny_name: str | None = None) -> Any:
+    """``provider.provide()`` under ``torch.device("meta")``: the real model class, no storage.
+
+    Initialisation is skipped (nothing to initialise on the meta device) and the provider builds
+    with CPU-initialisation code paths, which create their tensors on the default (meta) device.
+    ``tiny_name``: the tiny configuration the provider is (its patches apply); ``None`` for a real config.
+    """
+    import torch
+
+    provider.init_model_with_meta_device = True
+    provider.use_cpu_initialization = True
+    provider.perform_initialization = False
+    with _build_context(family_name, tiny_name):
+        if getattr(provider, "_pg_collection", None) is None:
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+        with torch.device("meta"):
+            return provider.provide(pre_process=True, post_process=True)
+
+
+def _from_hf_config(model: str | None, family: FamilySpec | None, hf_config: str | os.PathLike[str]) -> _Chosen:
+    provider, config_path = hf_config_provider(hf_config)
+    found = family_for_provider(provider)
+    if found is None:
+        families = ", ".join(f.name for f in list_families())
+        raise PlanError(
+            f"{config_path} converts to {type(provider).__name__}, which no bridge-freeze family covers "
+            f"(registered families: {families})"
+        )
+    if family is not None and found.name != family.name:
+        raise PlanError(
+            f"{config_path} is a {found.name} model ({type(provider).__name__}), "
+            f"but MODEL {model!r} is family {family.name!r}"
+        )
+    return _Chosen(provider, found, "hf-config", config_path, None)
+
+
+def _choose(model: str | None, *, tiny: bool, hf_config: str | os.PathLike[str] | None) -> _Chosen:
+    if tiny == (hf_config is not None):
+        raise PlanError("give exactly one of --tiny (the project's tiny test config) or --hf-config PATH")
+    if model is None and tiny:
+        raise PlanError("--tiny needs MODEL (a family or provider class name)")
+    family = resolve_model(model) if model is not None else None
+    if hf_config is not None:
+        config_file(hf_config)  # a missing file fails before the (slow) Bridge import
+    bridge_runtime()
+    if hf_config is not None:
+        return _from_hf_config(model, family, hf_config)
+    assert model is not None and family is not None
+    provider, tiny_name = tiny_provider(model, family)
+    return _Chosen(provider, family, "tiny", None, tiny_name)
+
+
+def plan_model(
+    model: str | None,
+    selection: FreezeSelection,
+    assumptions: MemoryAssumptions,
+    *,
+    tiny: bool = False,
+    hf_config: str | os.PathLike[str] | None = None,
+) -> Plan:
+    """Build ``model`` (family / provider class name) on the meta device with ``selection``; the plan.
+
+    ``model`` may be ``None`` with ``hf_config``: the family is then the one of the converted provider.
+    """
+    from bridge_freeze_plugin import make_freezable
+
+    chosen = _choose(model, tiny=tiny, hf_config=hf_config)
+    provider_name = provider_label(chosen.provider)
+    make_freezable(chosen.provider, selection)
+    started = time.perf_counter()
+    try:
+        built = build_meta_model(chosen.provider, family_name=chosen.family.name, tiny_name=chosen.tiny_name)
+    except BridgeFreezeError:
+        raise
+    except Exception as exc:  # a failing Bridge build becomes one readable line
+        raise PlanError(f"building {provider_name} on the meta device failed: {error_line(exc)}") from exc
+    seconds = time.perf_counter() - started
+    return make_plan(
+        collect_params(built, chosen.family),
+        family=chosen.family.name,
+        provider=provider_name,
+        selection=selection,
+        assumptions=assumptions,
+        source=chosen.source,
+        config_path=chosen.config_path,
+        model_name=f"tiny:{chosen.tiny_name}" if chosen.tiny_name else model_name_of(chosen.provider),
+        build_seconds=seconds,
+    )

@@ -1,0 +1,121 @@
+"""Which model ``bridge-freeze plan`` builds: MODEL (a family or provider class name) + ``--tiny`` / ``--hf-config``.
+
+A tiny provider comes from the project's CPU harness (:mod:`bridge_freeze_harness`, imported lazily; why it
+exists and who may import it is said there); an ``--hf-config`` provider is converted by Megatron-Bridge itself
+from a local ``config.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
+from bridge_freeze_plugin.provider import provider_label
+from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
+
+
+def error_line(exc: BaseException) -> str:
+    """``"TypeName: message"`` on one line (Bridge's multi-line messages and their ✗ marks flattened)."""
+    text = " ".join(line.strip(" ✗") for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def resolve_model(name: str) -> FamilySpec:
+    """The family of ``name``: a registered family, a provider class name, or a tiny config name."""
+    list_families()  # built-ins and entry points registered
+    try:
+        return REGISTRY.find(name)
+    except BridgeFreezeError:
+        from bridge_freeze_harness.tiny import TINY_FAMILIES
+
+        for spec in REGISTRY:
+            if name in TINY_FAMILIES and name.startswith(spec.name + "_"):
+                return spec
+        raise
+
+
+def tiny_provider(name: str, family: FamilySpec) -> tuple[Any, str]:
+    """The project's tiny test provider for ``name`` (family, tiny config or provider class name).
+
+    Returns ``(provider, tiny config name)``.
+    """
+    from bridge_freeze_harness import tiny
+
+    if name in tiny.TINY_FAMILIES:
+        return tiny.make_provider(name), name
+    candidates = [k for k in tiny.TINY_FAMILIES if k == family.name or k.startswith(family.name + "_")]
+    if not candidates:
+        raise PlanError(
+            f"no tiny test configuration for family {family.name!r}; use --hf-config PATH "
+            f"(tiny configurations: {', '.join(sorted(tiny.TINY_FAMILIES))})"
+        )
+    is_class_name = name != family.name
+    for key in candidates:
+        provider = tiny.make_provider(key)
+        if not is_class_name or name in (provider_label(provider), type(provider).__name__):
+            return provider, key
+    raise PlanError(f"no tiny test configuration builds {name}; tiny configurations of {family.name!r}: "
+                    f"{', '.join(candidates)}")
+
+
+def config_file(path: str | os.PathLike[str]) -> Path:
+    """The ``config.json`` that ``path`` names (a file, or a model folder holding one)."""
+    candidate = Path(os.path.expanduser(os.fspath(path)))
+    if candidate.is_dir():
+        candidate = candidate / "config.json"
+    if not candidate.is_file():
+        raise PlanError(f"no config at {path}: give a config.json file or a model folder that holds one")
+    return candidate
+
+
+#: Provider fields set for a CPU / meta build (no TE, no fused kernels, no CUDA streams, one rank).
+_CPU_FIELDS: dict[str, Any] = {
+    "gradient_accumulation_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "masked_softmax_fusion": False,
+    "persist_layer_norm": False,
+    "apply_rope_fusion": False,
+    "moe_grouped_gemm": False,
+    "moe_permute_fusion": False,
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None,
+    "expert_model_parallel_size": 1,
+    "expert_tensor_parallel_size": 1,
+    "context_parallel_size": 1,
+    "sequence_parallel": False,
+}
+
+
+def hf_config_provider(path: str | os.PathLike[str]) -> tuple[Any, str]:
+    """A Bridge provider converted by Bridge itself (``AutoBridge``) from a local HF ``config.json``.
+
+    Returns ``(provider, config file)``. No weights, no hub access.
+    """
+    cfg_file = config_file(path)
+    try:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(str(cfg_file))
+    except (OSError, ValueError, KeyError) as exc:
+        raise PlanError(f"cannot read {cfg_file} as a transformers config: {error_line(exc)}") from exc
+    from megatron.bridge import AutoBridge
+
+    try:
+        bridge = AutoBridge.from_hf_config(hf_config)
+        provider = bridge.to_megatron_provider(load_weights=False)
+    except (ValueError, KeyError, AttributeError, TypeError, NotImplementedError) as exc:
+        raise PlanError(f"Megatron-Bridge cannot convert {cfg_file}: {error_line(exc)}") from exc
+    for name, value in _CPU_FIELDS.items():
+        if hasattr(provider, name):
+            setattr(provider, name, value)
+    if getattr(provider, "num_moe_experts", None):
+        provider.moe_token_dispatcher_type = "allgather"  # all-to-all creates a CUDA stream
+    try:
+        provider.finalize()
+    except (ValueError, AssertionError, AttributeError, TypeError) as exc:
+        raise PlanError(f"the provider converted from {cfg_file} does not validate: {error_line(exc)}") from exc
+    return provider, str(cfg_file)
