@@ -7,6 +7,8 @@ context-parallel) replicas; a parameter duplicated over tensor-parallel ranks (`
 false or absent: layer norms, biases of row-parallel layers, most HF vision towers) counts once; the copy
 of a tied embedding / output weight that Megatron keeps on the last pipeline stage (marked ``shared``) is
 not counted again. One ``all_reduce`` of a small tensor per report; every rank gets the same report.
+With train / freeze patterns, the same ``all_reduce`` sums each pattern's matches: a pattern that matches
+nothing in the whole model raises :class:`UnmatchedPatternError` on every rank (the same verdict everywhere).
 
 Without an initialised process group (or with one process) the local report is the report.
 torch and megatron-core are imported only when a function here runs.
@@ -20,6 +22,7 @@ from typing import Any
 
 from bridge_freeze_plugin.build.classify import Classifier, named_parameters
 from bridge_freeze_plugin.counting import PartTally
+from bridge_freeze_plugin.patterns import PatternTally, check_matched
 from bridge_freeze_plugin.ranks import world
 from bridge_freeze_plugin.report import FreezeReport
 from bridge_freeze_plugin.state import provider_state
@@ -34,7 +37,7 @@ def _tp_rank(param: Any, parallel_state: Any) -> int:
     return int(parallel_state.get_tensor_model_parallel_rank())
 
 
-def _local_tally(model: Any, classifier: Classifier, parallel_state: Any) -> PartTally:
+def _local_tally(model: Any, classifier: Classifier, parallel_state: Any, patterns: PatternTally | None) -> PartTally:
     """What this rank contributes to the model-wide counts (each parameter counted by one owner)."""
     tally = PartTally()
     dense_owner = parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
@@ -50,6 +53,9 @@ def _local_tally(model: Any, classifier: Classifier, parallel_state: Any) -> Par
         # A sharded tensor is one tensor of the model: only its first shard counts as a tensor.
         trains, adapter = bool(param.requires_grad), not classifier.known(param)
         tally.add(classifier.part(name, param), int(param.numel()), trains, int(first_tp), adapter=trains and adapter)
+        if patterns is not None and not adapter:  # model-wide name: what the freeze remembered
+            patterns.add(classifier.bare_name(name, param), classifier.part(name, param), int(param.numel()),
+                         int(first_tp))
     return tally
 
 
@@ -68,9 +74,19 @@ def model_wide_report(model: Any, local: FreezeReport, classifier: Classifier) -
     if not parallel_state.model_parallel_is_initialized():
         logger.debug("bridge-freeze: no Megatron model-parallel state; the report covers this rank only")
         return local
-    counts = torch.tensor(_local_tally(model, classifier, parallel_state).as_vector(), dtype=torch.int64)
+    selection = local.selection
+    patterns = PatternTally(selection.patterns, selection.frozen_parts()) if selection.patterns else None
+    vector = _local_tally(model, classifier, parallel_state, patterns).as_vector()
+    counts = torch.tensor(vector + (patterns.as_vector() if patterns else []), dtype=torch.int64)
     dist.all_reduce(counts)  # world group: the owners above make each parameter count once
-    return dataclasses.replace(local, parts=PartTally.from_vector(counts.tolist()).parts())
+    values = counts.tolist()
+    report = dataclasses.replace(local, parts=PartTally.from_vector(values[: len(vector)]).parts())
+    if patterns is None:
+        return report
+    summary = patterns.load_vector(values[len(vector) :]).summary()
+    names = (classifier.bare_name(n, p) for _, n, p in named_parameters(model) if classifier.known(p))
+    check_matched(summary, f"{local.provider} (family {local.family})", names, gather=dist)
+    return dataclasses.replace(report, patterns=summary)
 
 
 def store_report(provider: Any, report: FreezeReport) -> None:

@@ -11,9 +11,11 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── LoraOverlapError (RuntimeError)         LoRA adapters on a parameter meant to train at full rank
     ├── AdapterExportError (RuntimeError)       an adapter-only export would lose full-rank parts
     ├── EmptyPartError (RuntimeError)           a part with no parameter in the whole model (a wrong table)
+    ├── UnmatchedPatternError (ValueError)      a train/freeze pattern that matches no parameter of the whole model
     ├── PeerRankFreezeError (RuntimeError)      another rank failed while the model was built
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
     │   ├── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
+    │   ├── InvalidPatternError                 a train/freeze pattern that is not a valid regular expression
     │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
     ├── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
     └── CommandError (ValueError)               a ``bridge-freeze`` sub-command cannot do what its arguments ask
@@ -87,6 +89,18 @@ class EmptyPartError(BridgeFreezeError, RuntimeError):
     """While a flag is set, one of the three parts has no parameter in the whole model: a wrong family table."""
 
 
+class UnmatchedPatternError(BridgeFreezeError, ValueError):
+    """A train / freeze pattern matches no parameter of the three parts in the whole model (a typo, most often).
+
+    ``patterns`` lists the unmatched patterns; ``suggestions`` maps each to the nearest real names.
+    """
+
+    def __init__(self, message: str, patterns: Sequence[str] = (), suggestions: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.patterns: tuple[str, ...] = tuple(patterns)
+        self.suggestions: dict[str, list[str]] = dict(suggestions or {})
+
+
 class PeerRankFreezeError(BridgeFreezeError, RuntimeError):
     """Another rank failed while the model was built (with an error that is not one of the plugin's)."""
 
@@ -97,6 +111,10 @@ class InvalidFreezeConfigError(BridgeFreezeError, ValueError):
 
 class FreezeFlagTypeError(InvalidFreezeConfigError, TypeError):
     """A freeze flag holds something other than a real bool (``1``, ``"yes"``, ``None``...)."""
+
+
+class InvalidPatternError(InvalidFreezeConfigError):
+    """A ``train_patterns`` / ``freeze_patterns`` entry that is not a non-empty string holding a valid regex."""
 
 
 class PlanError(BridgeFreezeError, ValueError):

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.counting import PartCount
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.selection import FreezeSelection, Part
+
+if TYPE_CHECKING:
+    from bridge_freeze_plugin.patterns import PatternSummary
 
 __all__ = ["DefaultOverride", "FreezeReport", "PartCount", "log_report"]
 
@@ -41,6 +44,9 @@ class FreezeReport:
     overridden_defaults: tuple[DefaultOverride, ...] = field(default=())
     #: What the build adjusted, one line each (e.g. full recompute turned off in the vision tower).
     notes: tuple[str, ...] = field(default=())
+    #: With train / freeze patterns: what each matched and what they changed per part (model-wide when the
+    #: report is); ``None`` without patterns.
+    patterns: PatternSummary | None = field(default=None)
 
     def part(self, part: Part) -> PartCount:
         for count in self.parts:
@@ -57,7 +63,7 @@ class FreezeReport:
         return sum(c.total for c in self.parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "family": self.family,
             "provider": self.provider,
             "model_name": self.model_name,
@@ -71,6 +77,9 @@ class FreezeReport:
                 for o in self.overridden_defaults
             ],
         }
+        if self.patterns is not None:
+            out["patterns"] = self.patterns.as_dict()
+        return out
 
     def format(self) -> str:
         """One block: per part trainable / total (and, with LoRA, full-rank / adapters), then the total."""
@@ -92,6 +101,10 @@ class FreezeReport:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
+        if self.patterns is not None:
+            from bridge_freeze_plugin.patterns import summary_lines
+
+            lines.extend(summary_lines(self.patterns, self.parts, self.selection))
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 

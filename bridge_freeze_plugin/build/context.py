@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.provider import model_name_of, overridden_defaults, provider_label, resolve_family
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.selection import FreezeSelection, Part
+
+if TYPE_CHECKING:
+    from bridge_freeze_plugin.patterns import PatternSummary
 
 
 @dataclass(frozen=True)
@@ -42,20 +45,25 @@ class BuildContext:
         """Whether the parameter ``name`` of ``part`` must train (``None``: not governed by the selection).
 
         The one rule the freeze applies and the guarantee checks: a part whose flag is set is frozen, the
-        other two parts train; ``other`` and unclassified parameters are left alone.
+        other two parts train; then the patterns, on the model-wide ``name``: a train pattern trains, else a
+        freeze pattern freezes (:mod:`bridge_freeze_plugin.patterns`). ``other`` and unclassified parameters
+        are left alone.
         """
         if part is None or part is Part.OTHER:
             return None
-        return part not in self.selection.frozen_parts()
+        flag_trains = part not in self.selection.frozen_parts()
+        patterns = self.selection.patterns
+        return patterns.decide(name, flag_trains) if patterns else flag_trains
 
     @property
     def asked(self) -> str:
         """``"freeze_vision_model=True on Qwen3VLModelProvider (Qwen/...)"``, for messages."""
-        flags = ", ".join(f"{f}=True" for f in self.selection.set_flags()) or "no freeze flag"
+        asked = [f"{f}=True" for f in self.selection.set_flags()]
+        asked += [f"{key}={values}" for key, values in self.selection.patterns_dict().items() if values]
         model = f" ({self.model_name})" if self.model_name else ""
-        return f"{flags} on {self.provider_label or 'the model'}{model}"
+        return f"{', '.join(asked) or 'no freeze flag'} on {self.provider_label or 'the model'}{model}"
 
-    def report(self, tally: PartTally) -> FreezeReport:
+    def report(self, tally: PartTally, patterns: PatternSummary | None = None) -> FreezeReport:
         assert self.family is not None
         return FreezeReport(
             family=self.family.name,
@@ -65,4 +73,5 @@ class BuildContext:
             parts=tally.parts(),
             overridden_defaults=self.overridden_defaults,
             notes=self.notes,
+            patterns=patterns,
         )

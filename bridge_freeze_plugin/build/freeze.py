@@ -12,8 +12,10 @@ from typing import Any
 
 from bridge_freeze_plugin.build.classify import Classifier, as_chunks, named_parameters
 from bridge_freeze_plugin.build.context import BuildContext
+from bridge_freeze_plugin.build.model_names import model_wide_names, names_are_model_wide
 from bridge_freeze_plugin.counting import PartTally, tally_parameters
 from bridge_freeze_plugin.errors import UnclassifiedParameterError
+from bridge_freeze_plugin.patterns import PatternSummary, PatternTally, check_matched
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.selection import FreezeSelection
@@ -36,15 +38,20 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     ``requires_grad=True`` (so whatever ran before, what trains is exactly what was asked). Parameters
     under ``other`` prefixes are left as they are. While any flag is set, a parameter under no prefix of
     the family raises :class:`UnclassifiedParameterError` listing the names. Idempotent.
+    With train / freeze patterns, parameters are remembered under their model-wide names (what patterns
+    match) and, when this rank holds the whole model, a pattern that matches nothing raises here
+    (:class:`UnmatchedPatternError`; otherwise the model-wide report checks it, see :mod:`..distributed`).
     Returns the report and the classifier that remembers each parameter's part by identity.
     """
     family, selection = context.family, context.selection
     assert family is not None
     chunks = as_chunks(model)
     classifier = Classifier(family)
+    wide = model_wide_names(chunks) if selection.patterns else {}
     located: list[str] = []
     classified = []
-    for index, name, param in named_parameters(chunks):
+    for index, local_name, param in named_parameters(chunks):
+        name = wide.get(id(param), local_name)
         ((_, part, _),) = classifier.remember([(name, param)])
         classified.append((name, part, param))
         if part is None:
@@ -62,10 +69,26 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
         state = chunk_state(chunk)
         if state is None or state.selection != selection or state.family != family.name:
             set_chunk_state(chunk, ChunkState(selection, family.name))
-    report = context.report(tally_parameters((part, param) for _, part, param in classified))
+    summary = pattern_summary(context, classified)
+    if summary is not None and names_are_model_wide():
+        check_matched(summary, context.asked, (name for name, _, _ in classified))
+    report = context.report(tally_parameters((part, param) for _, part, param in classified), summary)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("bridge-freeze applied to %d chunk(s):\n%s", len(chunks), report.format())
     return report, classifier
+
+
+def pattern_summary(context: BuildContext, classified: Any) -> PatternSummary | None:
+    """What the selection's patterns match among ``(model-wide name, part, parameter)``; ``None`` without any."""
+    if not context.selection.patterns:
+        return None
+    tally = PatternTally(context.selection.patterns, context.selection.frozen_parts())
+    seen: set[int] = set()
+    for name, part, param in classified:
+        if id(param) not in seen:
+            seen.add(id(param))
+            tally.add(name, part, int(param.numel()))
+    return tally.summary()
 
 
 def _unclassified(located: list[str], context: BuildContext) -> UnclassifiedParameterError:
@@ -108,7 +131,7 @@ def count_parts(model: Any, context: BuildContext, classifier: Classifier | None
         trains = bool(param.requires_grad)
         adapter = trains and not classifier.known(param)  # added by a hook (LoRA): not a base weight
         tally.add(classifier.part(name, param), int(param.numel()), trains, adapter=adapter)
-    return context.report(tally)
+    return context.report(tally, pattern_summary(context, classifier.remembered()))
 
 
 def claim_report(model: Any) -> bool:
