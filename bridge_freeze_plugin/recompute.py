@@ -1,12 +1,10 @@
-"""The full-recompute rule, on plain values: config validation applies it to a config's recompute keys.
+"""The full-recompute rule on a config's values: which adjustment the build will make, said up front.
 
-On a family with ``projection_needs_recompute_off``, full activation recompute loses part of the vision
-projection's gradient; the family's table says why (``FamilySpec.recompute_note``). So, while the
-projection trains:
-
-- with a freeze flag set (the user chose what trains), it is an error, raised before any model is built;
-- with no flag set, a warning only, so that installing the plugin never breaks a run that worked before.
-
+On a family whose table sets ``no_full_recompute`` (measured: the Qwen3-VL family, Ernie-4.5-VL), full
+activation recompute gives wrong gradients to the parts in ``full_recompute_affects``; the table says why
+(``FamilySpec.recompute_note``). When such a part trains under full recompute, the provider build turns
+recompute off in those modules (:mod:`bridge_freeze_plugin.build.vision_recompute`). Config validation says
+so before any model is built, as a warning on rank 0: an adjustment with a memory cost, never a refusal.
 No family knowledge lives here. Imports nothing heavy.
 """
 
@@ -16,9 +14,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from bridge_freeze_plugin.errors import InvalidFreezeConfigError
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.selection import FreezeSelection, Part
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -30,52 +27,45 @@ def is_full(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() == FULL_RECOMPUTE
 
 
-def why(family: FamilySpec) -> str:
-    """The family's reason, as a clause (its table's ``recompute_note``)."""
-    note = f" ({family.recompute_note})" if family.recompute_note else ""
-    return (
-        f"on the {family.name} family, under full activation recompute part of the vision projection gets "
-        f"no gradient, a known Megatron-Bridge problem{note}"
-    )
+def affected_parts(family: FamilySpec | None, selection: FreezeSelection) -> list[str]:
+    """The trained parts whose gradients full recompute gets wrong on this family (``[]``: none)."""
+    if family is None or not family.no_full_recompute:
+        return []
+    return [p for p in family.full_recompute_affects if Part(p) in selection.trained_parts()]
 
 
-def check_projection_recompute(
+def full_recompute_adjustment(
     family: FamilySpec | None,
     selection: FreezeSelection,
     settings: Mapping[str, Any],
     *,
-    asked: str,
-    turn_off: str,
-    freeze_projection: str,
-    warn: bool = True,
+    flags_key: str,
     sources: Mapping[str, str] | None = None,
-) -> bool:
-    """Apply the rule; returns whether it found full recompute with a trained projection on such a family.
+    warn: bool = True,
+) -> str | None:
+    """The adjustment the build will make for full recompute on this run (``None``: none), logged if ``warn``.
 
-    ``settings`` maps each recompute key, as the user would write it, to its value; ``asked`` names the
-    flags as they were set; ``turn_off`` and ``freeze_projection`` are the two fixes, spelt for the user.
-    Raises :class:`InvalidFreezeConfigError` when a flag is set; logs a warning (if ``warn``) otherwise.
-    ``sources`` (key -> where its value came from) is shown next to a key whose value did not come from the
-    config itself (a layout default, an override...).
+    ``settings`` maps each recompute key, as the user would write it, to its value; ``sources`` (key -> where
+    its value came from) is shown next to a key whose value did not come from the config itself.
     """
     full_keys = [key for key, value in settings.items() if is_full(value)]
-    if family is None or not family.projection_needs_recompute_off or not full_keys:
-        return False
-    if selection.freeze_vision_projection:
-        return False
+    parts = affected_parts(family, selection)
+    if not full_keys or not parts:
+        return None
+    assert family is not None
     sources = sources or {}
     setting = " and ".join(
         f"{key}=full" + (f" ({sources[key]})" if sources.get(key, "config") != "config" else "") for key in full_keys
     )
-    if selection.any_set:
-        raise InvalidFreezeConfigError(
-            f"{asked} leaves the vision projection training while {setting}: {why(family)}. Turn full recompute "
-            f"off ({turn_off}, or selective), or freeze the projection too ({freeze_projection})."
-        )
+    freeze = " and ".join(f"{flags_key}.freeze_{p}=true" for p in family.full_recompute_affects)
+    note = (
+        f"{setting} while {' and '.join(parts)} train(s) on the {family.name} family, where "
+        f"{family.recompute_note or 'full recompute gives wrong gradients'}: when the model is built, the plugin "
+        f"turns full recompute off in {', '.join(family.no_full_recompute)} only (the rest keeps it; more activation "
+        f"memory there). To avoid the adjustment, turn full recompute off or use selective recompute, or freeze "
+        f"those parts ({freeze}) if they need not train; to refuse instead, set vision_recompute_policy='refuse' "
+        f"on the provider."
+    )
     if warn:
-        logger.warning(
-            "bridge-freeze: %s with no freeze flag set: %s. Consider turning full recompute off (%s), or "
-            "freezing the projection (%s) if it need not train.",
-            setting, why(family), turn_off, freeze_projection,
-        )
-    return True
+        logger.warning("bridge-freeze: %s", note)
+    return note

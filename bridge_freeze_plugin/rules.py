@@ -19,7 +19,7 @@ from bridge_freeze_plugin.config.reading import RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.provider import resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.recompute import check_projection_recompute, is_full
+from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
 from bridge_freeze_plugin.selection import FreezeSelection
 
@@ -98,15 +98,17 @@ def all_three_frozen_needs_lora(s: RunSettings) -> list[str]:
 
 
 def lora_with_partial_selection(s: RunSettings) -> list[str]:
-    """LoRA with one or two flags: LoRA plus full-rank parts is refused (for now)."""
-    if not (s.lora.enabled and s.selection.any_set and not s.selection.all_set):
+    """LoRA with one or two flags trains adapters next to full-rank parts: for SFT; an RL run refuses it."""
+    if not (s.lora.enabled and s.selection.any_set and not s.selection.all_set) or s.layout != "rl":
         return []
     key = s.lora_rank.key
     return [
-        f"{flag_list(s.selection, s.flags_key)} with LoRA ({key}={s.lora.rank}): LoRA plus full-rank components "
-        f"is not supported yet (this selection leaves {s.selection.describe().removeprefix('train ')} training "
-        f"at full rank next to the adapters). Use plain LoRA (unset the flags), LoRA with all three flags true "
-        f"(adapters only), or set {key}=0 to train the selected parts at full rank."
+        f"{flag_list(s.selection, s.flags_key)} with LoRA ({key}={s.lora.rank}) in an RL run: LoRA with full-rank "
+        f"parts ({s.selection.describe().removeprefix('train ')} at full rank next to the adapters) is supported for "
+        f"SFT only. The rollout engine's weight sync moves the adapters (or the merged weights) to the inference "
+        f"engine; the full-rank parts would need syncing too, which the trainer does not do, so generation would "
+        f"run on stale weights. Use LoRA with all three flags true (adapters only), plain LoRA (no flag), or "
+        f"{key}=0 to train the selected parts at full rank."
     ]
 
 
@@ -157,30 +159,27 @@ def supported_provider(s: RunSettings) -> FamilySpec | None:
     )
 
 
-def full_recompute_rule(s: RunSettings, family: FamilySpec | None) -> None:
-    """On a family whose projection loses gradient under full recompute: refuse (a flag set) or warn (none)."""
+def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool = True) -> str | None:
+    """Full recompute on a family where it gives wrong gradients: the build's adjustment, said now (a warning)."""
     if normalise_strategy(s.strategy.value) not in (None, MEGATRON) or s.language_model_only.value:
-        return
+        return None
     settings = {r.key or "recompute_granularity": r.value for r in s.recompute}
     sources = {r.key or "recompute_granularity": r.source for r in s.recompute}
+    note = full_recompute_adjustment(family, s.selection, settings, flags_key=s.flags_key, sources=sources,
+                                     warn=warn and is_rank0())
+    if not warn:
+        return note
     full_keys = [key for key, value in settings.items() if is_full(value)]
-    check_projection_recompute(
-        family, s.selection, settings,
-        asked=flag_list(s.selection, s.flags_key),
-        turn_off=" and ".join(f"{k}=null" for k in full_keys),
-        freeze_projection=f"{s.flags_key}.freeze_vision_projection=true",
-        warn=is_rank0(), sources=sources,
-    )
-    unknown = family is None and full_keys and s.selection.any_set and not s.selection.freeze_vision_projection
-    if unknown and is_rank0():
-        affected = ", ".join(f.name for f in REGISTRY if f.projection_needs_recompute_off) or "none registered"
+    if family is None and full_keys and s.selection.any_set and s.selection.trained_parts() and is_rank0():
+        affected = ", ".join(f.name for f in REGISTRY if f.no_full_recompute) or "none registered"
         logger.warning(
-            "bridge-freeze: %s with %s, but the model family is not known from the config, so the rule for full "
-            "recompute (on some families part of the projection loses gradient under it: %s) is checked later, "
-            "when the provider is built. To check it now, name the family (family=... in code, --family with "
+            "bridge-freeze: %s with %s, but the model family is not known from the config, so whether full "
+            "recompute needs adjusting (on some families it gives wrong gradients: %s) is decided when the "
+            "provider is built. To see it now, name the family (family=... in code, --family with "
             "bridge-freeze check-config).",
             " and ".join(f"{k}=full" for k in full_keys), flag_list(s.selection, s.flags_key), affected,
         )
+    return note
 
 
 def check(s: RunSettings) -> FreezeSelection:
@@ -191,3 +190,9 @@ def check(s: RunSettings) -> FreezeSelection:
     family = supported_provider(s)
     full_recompute_rule(replace(s, family=family), family)
     return s.selection
+
+
+def adjustments(s: RunSettings) -> list[str]:
+    """What the provider build will adjust for this run (said, never refused): one line each."""
+    note = full_recompute_rule(s, supported_provider(s), warn=False)
+    return [note] if note else []

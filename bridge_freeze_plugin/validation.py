@@ -178,6 +178,10 @@ class ConfigRun:
         """Every rule; returns the selection or raises (see :func:`validate_selection`)."""
         return rules.check(self.settings)
 
+    def adjustments(self) -> list[str]:
+        """What the provider build will adjust for this run (e.g. full recompute off in a vision tower)."""
+        return rules.adjustments(self.settings)
+
 
 def load_run(
     path: str | os.PathLike[str] | None = None,

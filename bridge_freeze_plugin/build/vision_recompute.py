@@ -1,16 +1,15 @@
-"""Full activation recompute and a training vision side: fixed in the vision tower, not refused.
+"""Full activation recompute where it gives wrong gradients: fixed in the modules that break, not refused.
 
-On some families (the Qwen3-VL family: ``FamilySpec.no_full_recompute``) full activation recompute gives
-the vision side wrong gradients: the vision tower's config copies the language model's recompute
-settings, and its checkpointed block hands side outputs (DeepStack features) back in a Python list that
-the checkpoint does not back-propagate; the DeepStack mergers get no gradient and the encoder layers
-before them a wrong one. So when a vision part trains under ``recompute_granularity="full"`` (any
-``recompute_method``), the plugin turns recompute off in those modules' own configs right after the build,
-before any forward; the language model keeps its full recompute. The report says so in one line.
+On some families full activation recompute gives wrong gradients to some parts (family data:
+``FamilySpec.no_full_recompute``, the modules where it breaks; ``full_recompute_affects``, the parts whose
+gradients it gets wrong; ``recompute_note``, why). When such a part trains under
+``recompute_granularity="full"`` (any ``recompute_method``), the plugin turns recompute off in those modules'
+own configs right after the build, before any forward; the rest of the model keeps its full recompute. The
+report says so in one line.
 
 A user who prefers the old behaviour sets ``vision_recompute_policy = "refuse"`` on the provider: a flag
-set with a training vision side under full recompute is then an error before any build.
-Selective recompute checkpoints inside attention only (no side outputs cross it): left as it is.
+set with an affected part training under full recompute is then an error before any build.
+Selective recompute checkpoints inside attention only: left as it is.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.build.classify import as_chunks
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError
+from bridge_freeze_plugin.recompute import affected_parts, is_full
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.selection import FreezeSelection, Part
 
@@ -34,10 +34,6 @@ POLICIES = ("fix", "refuse")
 _RECOMPUTE_FIELDS = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
 
 
-def is_full(value: Any) -> bool:
-    return isinstance(value, str) and value.strip().lower() == "full"
-
-
 def policy_of(provider: Any) -> str:
     policy = getattr(provider, POLICY_ATTR, "fix")
     if policy not in POLICIES:
@@ -50,9 +46,7 @@ def policy_of(provider: Any) -> str:
 
 def needs_fix(family: FamilySpec | None, selection: FreezeSelection, recompute_granularity: Any) -> bool:
     """Whether a part whose gradients full recompute gets wrong on this family trains under full recompute."""
-    if family is None or not family.no_full_recompute or not is_full(recompute_granularity):
-        return False
-    return bool({Part(p) for p in family.full_recompute_affects} & selection.trained_parts())
+    return is_full(recompute_granularity) and bool(affected_parts(family, selection))
 
 
 def note(family: FamilySpec) -> str:

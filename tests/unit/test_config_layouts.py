@@ -95,11 +95,14 @@ def test_overrides_only_rl_uses_the_rl_defaults():
 ])
 def test_overrides_only_full_recompute_default_is_checked(overrides, key):
     """Before: recompute_granularity defaults to full in the trainer, but an overrides-only run missed the rule."""
-    message = verdict(None, overrides, family="qwen3_vl")
+    run = load_run(None, overrides, family="qwen3_vl")
+    assert run.validate() == VISION  # adjusted by the build, not refused
+    (message,) = run.adjustments()
     assert f"{key}.transformer_config_kwargs.recompute_granularity=full (default of the" in message
-    assert "no gradient" in message
-    assert verdict(None, [*overrides, f"{key}.transformer_config_kwargs.recompute_granularity=null"],
-                   family="qwen3_vl") == VISION
+    assert "no gradient" in message and "turns full recompute off in vision_model" in message
+    off = load_run(None, [*overrides, f"{key}.transformer_config_kwargs.recompute_granularity=null"],
+                   family="qwen3_vl")
+    assert off.validate() == VISION and off.adjustments() == []
 
 
 # ---- Hydra's + override on the older layout ----------------------------------------------------------------
@@ -129,8 +132,8 @@ def test_defaults_list_pulls_in_the_megatron_sections():
 def test_defaults_list_recompute_is_checked_like_the_composed_file():
     """Before: the raw file showed no megatron section, so full recompute from policy.yaml was missed."""
     flag = [f"+{POLICY}.freeze_vision_model=true"]
-    raw, composed = verdict(RL_LEGACY, flag, family="qwen3_vl"), verdict(RL_COMPOSED, flag, family="qwen3_vl")
-    assert isinstance(raw, str) and isinstance(composed, str)
+    (raw,) = load_run(RL_LEGACY, flag, family="qwen3_vl").adjustments()
+    (composed,) = load_run(RL_COMPOSED, flag, family="qwen3_vl").adjustments()
     assert "megatron_config/policy.yaml" in raw and "no gradient" in raw
     assert raw.replace("ppo_base.yaml's defaults list > megatron_config/policy.yaml", "X") == \
         composed.replace("ppo_composed.yaml", "X")
@@ -202,15 +205,15 @@ def test_bridge_run_config_family_comes_from_the_provider_target():
     assert run.settings.family.name == "qwen3_vl"
     assert run.settings.family_source == "model._target_ (the provider class)"
     assert run.validate() == VISION
-    message = verdict(BRIDGE, ["model.freeze_vision_model=True", "model.recompute_granularity=full"])
+    (message,) = load_run(BRIDGE, ["model.freeze_vision_model=True", "model.recompute_granularity=full"]).adjustments()
     assert "model.recompute_granularity=full (override 'model.recompute_granularity=full')" in message
     assert "qwen3_vl" in message
 
 
 def test_bridge_peft_section_is_lora():
     assert verdict(BRIDGE_LORA) == ALL
-    message = verdict(BRIDGE_LORA, ["model.freeze_vision_projection=False"])
-    assert "LoRA plus full-rank components is not supported yet" in message and "peft.dim=16" in message
+    # LoRA with a full-rank projection: valid for a Bridge (SFT) run
+    assert verdict(BRIDGE_LORA, ["model.freeze_vision_projection=False"]) == FreezeSelection(True, True, False)
     assert "nothing would train" in verdict(BRIDGE_LORA, ["peft=null"])
     assert verdict(BRIDGE_LORA, ["~peft.dim"]) == ALL  # Bridge's LoRA default dim (32)
 

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -185,12 +186,12 @@ REJECTED = [
            ("nothing would train", "{lora}.rank=0", "enable LoRA", "{flags}.freeze_vision_projection=true")),
     Reject("r3-all-three-rank0", Run(rank=0, flags=ALL_THREE), InvalidFreezeConfigError,
            ("nothing would train", "{lora}.rank=0")),
-    # Rule 4: LoRA with a partial selection.
-    Reject("r4-lora-one-flag", Run(rank=8, flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
-           ("LoRA plus full-rank components is not supported yet", "{lora}.rank=8", "{flags}.freeze_vision_model=true",
-            "plain LoRA", "all three")),
-    Reject("r4-lora-projection-only", Run(rank=16, flags=PROJECTION_ONLY), InvalidFreezeConfigError,
-           ("LoRA plus full-rank components is not supported yet", "{lora}.rank=16", "vision_projection")),
+    # LoRA with a partial selection (LoRA with full-rank parts): SFT only; an RL run refuses it.
+    Reject("r4-lora-one-flag-rl", Run(rank=8, flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
+           ("in an RL run", "{lora}.rank=8", "{flags}.freeze_vision_model=true", "SFT only", "weight sync",
+            "plain LoRA", "all three"), layouts=("rl",)),
+    Reject("r4-lora-projection-only-rl", Run(rank=16, flags=PROJECTION_ONLY), InvalidFreezeConfigError,
+           ("in an RL run", "{lora}.rank=16", "vision_projection"), layouts=("rl",)),
     # Rule 5: a flag on a provider no family covers, naming the model.
     Reject("r5-unsupported-provider", Run(flags={"freeze_vision_model": True}, provider=DummyVLMProvider()),
            UnsupportedFreezeFlagError,
@@ -201,18 +202,6 @@ REJECTED = [
     Reject("r6-ref-flag-with-policy-flags", Run(flags=PROJECTION_ONLY, ref={"freeze_language_model": True}),
            InvalidFreezeConfigError, ("{ref}.freeze_language_model=true", "reference model never trains"),
            layouts=("rl",)),
-    # Rule 7: Qwen3-VL family, a flag set, projection trains under full recompute.
-    Reject("r7-qwen3-vl", Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_model": True}),
-           InvalidFreezeConfigError,
-           ("{flags}.freeze_vision_model=true", "{rc}=full", "qwen3_vl", "DeepStack", "no gradient",
-            "{rc}=null", "{flags}.freeze_vision_projection=true")),
-    Reject("r7-qwen3-vl-moe-tck",
-           Run(family="qwen3_vl_moe", recompute="full", recompute_via="tck", flags=PROJECTION_ONLY),
-           InvalidFreezeConfigError,
-           ("{tck}=full", "qwen3_vl_moe", "no gradient", "{flags}.freeze_vision_projection=true")),
-    Reject("r7-via-provider",
-           Run(provider=fake_provider("qwen3_vl"), recompute="full", flags={"freeze_vision_model": True}),
-           InvalidFreezeConfigError, ("{rc}=full", "qwen3_vl", "DeepStack")),
     # Rule 8: real booleans only, and misspelt flags.
     Reject("r8-int", Run(flags={"freeze_vision_model": 1}), FreezeFlagTypeError,
            ("{flags}.freeze_vision_model must be a boolean", "'1'", "{flags}.freeze_vision_model=true"),
@@ -268,6 +257,16 @@ ACCEPTED = [
     Accept("projection-only", Run(flags=PROJECTION_ONLY), PROJECTION_ONLY),
     Accept("lm-and-projection", Run(flags={"freeze_vision_model": True}), {"freeze_vision_model": True}),
     Accept("plain-lora", Run(rank=8), {}),
+    # LoRA with full-rank parts, for SFT (and through the API): the flags say what trains at full rank.
+    Accept("lora-full-rank-projection", Run(rank=8, flags=PROJECTION_ONLY), PROJECTION_ONLY, layouts=("api", "sft")),
+    Accept("lora-one-flag", Run(rank=8, flags={"freeze_vision_model": True}), {"freeze_vision_model": True},
+           layouts=("api", "sft")),
+    # Full recompute on an affected family: the build adjusts it (a warning now), never a refusal.
+    Accept("qwen3-full-recompute-adjusted",
+           Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_model": True}),
+           {"freeze_vision_model": True}),
+    Accept("qwen3-moe-tck-adjusted",
+           Run(family="qwen3_vl_moe", recompute="full", recompute_via="tck", flags=PROJECTION_ONLY), PROJECTION_ONLY),
     Accept("lora-all-three", Run(rank=8, flags=ALL_THREE), ALL_THREE),
     Accept("lmo-false-explicit", Run(lmo=False, flags=PROJECTION_ONLY), PROJECTION_ONLY),
     Accept("qwen3-projection-frozen-under-recompute",
@@ -330,6 +329,26 @@ def test_qwen3_full_recompute_without_flags_only_warns(layout, via, model_dirs):
         assert word.format(**LAYOUTS[layout]) in message, (word, message)
 
 
+@pytest.mark.parametrize(("family", "flags", "parts"), [
+    ("qwen3_vl", {"freeze_vision_model": True}, "vision_projection"),
+    ("qwen3_vl", {"freeze_vision_projection": True}, "vision_model"),
+    ("qwen3_vl_moe", PROJECTION_ONLY, "vision_projection"),
+    ("ernie45_vl", {"freeze_vision_model": True, "freeze_vision_projection": True}, "language_model"),
+])
+@pytest.mark.parametrize("layout", ["api", "sft", "rl"])
+def test_full_recompute_on_an_affected_family_is_accepted_with_the_adjustment_said(layout, family, flags, parts,
+                                                                                  model_dirs):
+    run = Run(family=family, recompute="full", flags=flags)
+    with captured_warnings() as records:
+        assert run.validate(layout, model_dirs) == FreezeSelection(**flags)
+    (record,) = records
+    message = record.getMessage()
+    turned_off = ", ".join(REGISTRY.get(family).no_full_recompute)
+    for word in ("{rc}=full", family, parts, f"turns full recompute off in {turned_off}", "no gradient",
+                 "vision_recompute_policy='refuse'"):
+        assert word.format(**LAYOUTS[layout]) in message, (word, message)
+
+
 @pytest.mark.parametrize("layout", CONFIG_LAYOUTS)
 def test_hub_id_under_full_recompute_warns_that_the_provider_will_check(layout, model_dirs):
     """A hub id names no family offline: accepted, with a warning that the provider checks rule 7 when it builds."""
@@ -353,8 +372,8 @@ def test_hub_id_under_full_recompute_warns_that_the_provider_will_check(layout, 
     Run(family="gemma3_vl", recompute="full"),
     Run(family="qwen3_vl", recompute="full", strategy="fsdp2"),
     Run(family="qwen3_vl", recompute="full", lmo=True),
-    Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_projection": True}),
-], ids=["off", "selective", "other-family", "fsdp", "lmo", "projection-frozen"])
+    Run(family="qwen3_vl", recompute="full", flags={"freeze_vision_model": True, "freeze_vision_projection": True}),
+], ids=["off", "selective", "other-family", "fsdp", "lmo", "vision-side-frozen"])
 def test_no_warning_when_the_projection_is_not_affected(run, model_dirs):
     for layout in ("api", "sft", "rl"):
         with captured_warnings() as records:
@@ -419,9 +438,13 @@ def test_family_from_model_path(tmp_path, model_dirs):
 def test_explicit_family_wins_over_model_path(model_dirs):
     cfg = load_config(None, ["strategy=megatron", f"model.path={model_dirs['gemma3_vl']}",
                              "megatron_config.recompute_granularity=full", "megatron_config.freeze_vision_model=true"])
-    assert validate_sft_config(cfg) == FreezeSelection(freeze_vision_model=True)
-    with pytest.raises(InvalidFreezeConfigError, match="qwen3_vl_moe"):
-        validate_sft_config(cfg, family="Qwen3VLMoEModelProvider")  # a provider class name works too
+    with captured_warnings() as records:
+        assert validate_sft_config(cfg) == FreezeSelection(freeze_vision_model=True)
+    assert records == []  # Gemma3-VL: full recompute needs no adjustment
+    with captured_warnings() as records:  # a provider class name works too
+        assert validate_sft_config(cfg, family="Qwen3VLMoEModelProvider") == FreezeSelection(freeze_vision_model=True)
+    (record,) = records
+    assert "qwen3_vl_moe" in record.getMessage()
 
 
 def test_read_selection_and_lora_settings():
@@ -444,36 +467,39 @@ RECOMPUTE = (None, "selective", "full")
 # "unsupported" is a provider no family covers; "provider:X" a provider of family X; else a family name.
 FAMILIES = ("unknown", "unsupported", "qwen3_vl", "qwen3_vl_moe", "qwen35_vl", "gemma3_vl", "glm45v",
             "provider:qwen3_vl", "provider:nemotron_vl")
-# Written here, not read from the registry: the families whose DeepStack mergers lose gradient under full
-# recompute (Qwen3.5-VL shares the layout but was measured unaffected: tests/unit/test_recompute_fix.py).
-LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE = {"qwen3_vl", "qwen3_vl_moe"}
+# Written here, not read from the registry: the families whose vision gradients full recompute gets wrong, and
+# so which parts' training makes the build adjust it (Qwen3.5-VL shares the layout but was measured unaffected:
+# tests/unit/test_recompute_fix.py).
+ADJUSTED_UNDER_FULL_RECOMPUTE = {"qwen3_vl": {"vision_model", "vision_projection"},
+                                 "qwen3_vl_moe": {"vision_model", "vision_projection"}}
 
 
-def truth(strategy: str, lmo: bool, lora: bool, sel: FreezeSelection, recompute: str | None, family: str) -> str:
+def truth(layout: str, strategy: str, lmo: bool, lora: bool, sel: FreezeSelection, recompute: str | None,
+          family: str) -> str:
     """"ok", "warn", "invalid" (InvalidFreezeConfigError) or "unsupported" (UnsupportedFreezeFlagError)."""
     flags = [sel.freeze_language_model, sel.freeze_vision_model, sel.freeze_vision_projection]
     n_set = sum(flags)
+    trained = {name for name, frozen in zip(("language_model", "vision_model", "vision_projection"), flags,
+                                            strict=True) if not frozen}
+    adjusted = recompute == "full" and bool(ADJUSTED_UNDER_FULL_RECOMPUTE.get(family.removeprefix("provider:"),
+                                                                              set()) & trained)
     if n_set == 0:
-        # Nothing is asked: the plugin never fails; only a warning on an affected Megatron VLM run.
-        base = family.removeprefix("provider:")
-        affected = base in LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE
-        return "warn" if affected and recompute == "full" and strategy == "megatron" and not lmo else "ok"
+        # Nothing is asked: the plugin never fails; only a warning on an adjusted Megatron VLM run.
+        return "warn" if adjusted and strategy == "megatron" and not lmo else "ok"
     config_errors = [
-        strategy != "megatron",          # rule 1
-        lmo,                             # rule 2
-        n_set == 3 and not lora,         # rule 3
-        lora and n_set in (1, 2),        # rule 4
+        strategy != "megatron",                        # the strategy must be Megatron
+        lmo,                                           # language-model-only has no vision part
+        n_set == 3 and not lora,                       # all three frozen needs LoRA
+        lora and n_set in (1, 2) and layout == "rl",   # LoRA with full-rank parts: SFT only
     ]
     if any(config_errors):
         return "invalid"
-    if family == "unsupported":           # rule 5
+    if family == "unsupported":                        # a provider no family covers
         return "unsupported"
-    projection_trains = not sel.freeze_vision_projection
-    if family.removeprefix("provider:") in LOSES_PROJECTION_GRAD_UNDER_FULL_RECOMPUTE and recompute == "full" \
-            and projection_trains:        # rule 7
-        return "invalid"
-    if family == "unknown" and recompute == "full" and projection_trains:
-        return "warn"                     # rule 7 cannot be checked yet: the provider checks it when it builds
+    if adjusted:
+        return "warn"                                  # the build turns full recompute off where it breaks
+    if family == "unknown" and recompute == "full" and trained:
+        return "warn"                                  # decided when the provider builds
     return "ok"
 
 
@@ -510,22 +536,27 @@ def verdict(layout: str, strategy, lmo, lora, sel, recompute, family, model_dirs
 )
 def test_verdict_matches_truth_table(layout, strategy, lmo, lora, sel, recompute, family, model_dirs):
     assert verdict(layout, strategy, lmo, lora, sel, recompute, family, model_dirs) == \
-        truth(strategy, lmo, lora, sel, recompute, family)
+        truth(layout, strategy, lmo, lora, sel, recompute, family)
 
 
 def test_verdict_matches_truth_table_exhaustively_for_the_api(model_dirs):
     for combo in itertools.product(STRATEGIES, (False, True), (False, True), SELECTIONS, RECOMPUTE, FAMILIES):
-        assert verdict("api", *combo, model_dirs) == truth(*combo), combo
+        assert verdict("api", *combo, model_dirs) == truth("api", *combo), combo
 
 
 def test_api_reads_full_recompute_from_the_provider():
     provider = fake_provider("qwen3_vl")
     provider.recompute_granularity = "full"
-    with pytest.raises(InvalidFreezeConfigError, match=r"recompute_granularity=full.*DeepStack"):
-        validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider)
+    with captured_warnings() as records:
+        assert validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider) == \
+            FreezeSelection(**PROJECTION_ONLY)
+    (record,) = records
+    assert re.search(r"recompute_granularity=full.*DeepStack", record.getMessage())
     # an explicit argument still wins
-    assert validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider,
-                              recompute_granularity="selective") == FreezeSelection(**PROJECTION_ONLY)
+    with captured_warnings() as records:
+        assert validate_selection(FreezeSelection(**PROJECTION_ONLY), provider=provider,
+                                  recompute_granularity="selective") == FreezeSelection(**PROJECTION_ONLY)
+    assert records == []
 
 
 def test_warnings_come_from_global_rank_0_only(monkeypatch, model_dirs):
