@@ -21,7 +21,7 @@ from bridge_freeze_plugin.provider import resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.selection import FreezeSelection, Part
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -182,12 +182,54 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
     return note
 
 
+def _target_module(target: str) -> str | None:
+    """The module a full-name LoRA target certainly reaches into (its literal head), or ``None`` (a leaf name)."""
+    head = target.split("*", 1)[0]
+    if "." not in head:
+        return None  # a leaf name ("linear_qkv"): the config cannot tell which parts have such modules
+    return head.rsplit(".", 1)[0] if not head.endswith(".") else head.rstrip(".")
+
+
+def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None) -> list[str]:
+    """A full-name LoRA target (``language_model.*linear_qkv``) inside a part trained at full rank: an overlap.
+
+    Leaf-name targets (Bridge's defaults among them) can only be checked against the built model: the build
+    raises ``LoraOverlapError`` before training for those.
+    """
+    targets = s.lora.target_modules
+    if family is None or not s.lora.enabled or not s.selection.any_set or not targets:
+        return []
+    full_rank = {p.value for p in s.selection.trained_parts()}
+    found = []
+    for target in ([targets] if isinstance(targets, str) else list(targets)):
+        module = _target_module(str(target))
+        if module is None:
+            continue
+        inside = family.classify(module)  # the part holding that module, or parts below it
+        parts = {inside.value} if inside is not None else set()
+        parts |= {part for part in full_rank if any(p.startswith(module + ".") for p in family.prefixes(Part(part)))}
+        hit = sorted(parts & full_rank)
+        if hit:
+            found.append(f"{target!r} (in {', '.join(hit)})")
+    if not found:
+        return []
+    return [
+        f"{s.lora_rank.key.removesuffix('rank')}target_modules {', '.join(found)}: LoRA would put adapters on "
+        f"parameters that "
+        f"{flag_list(s.selection, s.flags_key)} trains at full rank, and a weight cannot train through an adapter "
+        f"and at full rank at once. Scope those targets to the frozen parts, or set the flag of that part."
+    ]
+
+
 def check(s: RunSettings) -> FreezeSelection:
     """Every rule over ``s``; returns the selection, or raises the first failing stage's error."""
     problems = config_problems(s)
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     family = supported_provider(s)
+    problems = lora_targets_avoid_full_rank_parts(s, family)
+    if problems:
+        raise InvalidFreezeConfigError(join_problems(problems))
     full_recompute_rule(replace(s, family=family), family)
     return s.selection
 

@@ -575,3 +575,22 @@ def test_warnings_come_from_global_rank_0_only(monkeypatch, model_dirs):
         run.validate("sft", model_dirs)
         hub.validate("sft", model_dirs)
     assert len(records) == 2
+
+
+@pytest.mark.parametrize(("selection", "targets", "overlap"), [
+    (PROJECTION_ONLY, ["language_model.*linear_qkv"], None),
+    (PROJECTION_ONLY, ["linear_qkv", "linear_fc1"], None),  # leaf names: the build checks them
+    (PROJECTION_ONLY, ["vision_model.merger.*"], "vision_projection"),
+    (PROJECTION_ONLY, ["vision_model.*"], "vision_projection"),  # reaches into the merger inside vision_model
+    ({"freeze_language_model": True, "freeze_vision_projection": True}, ["vision_model.decoder.layers.*"],
+     "vision_model"),
+    ({"freeze_language_model": True, "freeze_vision_projection": True}, ["vision_model.merger.*"], None),
+])
+def test_full_name_lora_targets_inside_a_full_rank_part_are_an_overlap(selection, targets, overlap):
+    lora = LoraSettings(rank=8, target_modules=targets)
+    if overlap is None:
+        assert validate_selection(FreezeSelection(**selection), family="qwen3_vl", lora=lora) == \
+            FreezeSelection(**selection)
+        return
+    with pytest.raises(InvalidFreezeConfigError, match=rf"lora\.target_modules .*\(in {overlap}\).*full rank"):
+        validate_selection(FreezeSelection(**selection), family="qwen3_vl", lora=lora)
