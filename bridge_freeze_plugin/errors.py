@@ -16,6 +16,7 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── InvalidFreezeConfigError (ValueError)   a training config asks for what cannot be honoured
     │   ├── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
     │   ├── InvalidPatternError                 a train/freeze pattern that is not a valid regular expression
+    │   ├── PartLearningRateError               a per-part learning rate that is invalid or would not apply
     │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
     ├── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
     └── CommandError (ValueError)               a ``bridge-freeze`` sub-command cannot do what its arguments ask
@@ -115,6 +116,14 @@ class FreezeFlagTypeError(InvalidFreezeConfigError, TypeError):
 
 class InvalidPatternError(InvalidFreezeConfigError):
     """A ``train_patterns`` / ``freeze_patterns`` entry that is not a non-empty string holding a valid regex."""
+
+
+class PartLearningRateError(InvalidFreezeConfigError):
+    """A per-part learning rate that is malformed, set for a frozen part, or that the optimizer would not apply.
+
+    Raised when the config is read, when the optimizer's parameter groups are made, and when they are checked
+    after the optimizer is built: a configured learning rate is never silently ignored.
+    """
 
 
 class PlanError(BridgeFreezeError, ValueError):

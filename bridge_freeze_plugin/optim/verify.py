@@ -1,0 +1,114 @@
+"""After the optimizer is built: every part with its own learning rate trains with exactly that LR, or an error.
+
+A configured per-part LR that the optimizer never applied (the overrides were not passed, another override
+replaced them, a checkpoint's parameter groups came back with other values...) is an error, not a log line.
+Parameters are found by identity in megatron-core's optimizers, whose groups hold the model's parameters
+(``FP32Optimizer``), their fp32 copies (``Float16OptimizerWithFloat16Params``: ``float16_groups`` /
+``fp32_from_fp32_groups``) or shards of them (``DistributedOptimizer``: ``model_float16_groups`` /
+``model_fp32_groups``), each list aligned with the inner optimizer's ``param_groups``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from megatron.core.optimizer import OptimizerConfig
+
+from bridge_freeze_plugin.errors import PartLearningRateError
+from bridge_freeze_plugin.optim.overrides import adapter_ids, check_schedule, expected_lrs, parameters
+from bridge_freeze_plugin.optim.settings import PartLearningRates
+
+logger = logging.getLogger("bridge_freeze_plugin")
+
+#: (attribute of the model-side lists, ...) per megatron-core optimizer wrapper, aligned with its groups.
+_MODEL_GROUP_ATTRS = (("model_float16_groups", "model_fp32_groups"), ("float16_groups", "fp32_from_fp32_groups"))
+
+
+def held_groups(optimizer: Any) -> Iterator[tuple[dict, list[Any]]]:
+    """``(param_group, model parameters it updates)`` for every group of a (chained) Megatron or torch optimizer."""
+    for leaf in _leaves(optimizer):
+        inner = getattr(leaf, "optimizer", leaf)
+        if inner is None or not hasattr(inner, "param_groups"):  # a stub: nothing trains on this rank
+            continue
+        attrs = next((a for a in _MODEL_GROUP_ATTRS if all(hasattr(leaf, name) for name in a)), None)
+        for index, group in enumerate(inner.param_groups):
+            held = group["params"] if attrs is None else [p for a in attrs for p in getattr(leaf, a)[index]]
+            yield group, list(held)
+
+
+def _config_of(optimizer: Any) -> OptimizerConfig | None:
+    config = getattr(optimizer, "config", None)
+    if config is None:
+        for sub in getattr(optimizer, "chained_optimizers", None) or ():
+            config = getattr(sub, "config", None) or config
+    return config
+
+
+def verify_part_learning_rates(
+    optimizer: Any,
+    model: Any,
+    rates: PartLearningRates,
+    *,
+    optimizer_config: OptimizerConfig | None = None,
+    scheduler: Any = None,
+) -> dict[str, tuple[float, float]]:
+    """Check that each part with its own LR sits in parameter groups with exactly that ``max_lr`` / ``min_lr``.
+
+    ``optimizer``: what ``get_megatron_optimizer`` returned (or a torch optimizer over the model's parameters);
+    ``model``: its chunks; ``scheduler``: megatron-core's ``OptimizerParamScheduler``, when there is one (its
+    warm-up is checked too). Returns part -> ``(max_lr, min_lr)`` as applied. Raises
+    :class:`PartLearningRateError` naming the part, what was asked and what the optimizer holds.
+    """
+    config = optimizer_config if optimizer_config is not None else _config_of(optimizer)
+    if config is None:
+        raise PartLearningRateError("verify_part_learning_rates needs the optimizer config: pass optimizer_config=")
+    resolved = rates.resolved(config.lr, config.min_lr)
+    if scheduler is not None:
+        check_schedule(rates, float(getattr(scheduler, "init_lr", 0.0)), int(getattr(scheduler, "lr_warmup_steps", 0)))
+    adapters = adapter_ids(model)
+    found: dict[str, int] = dict.fromkeys(resolved, 0)
+    for group, held in held_groups(optimizer):
+        for param in held:
+            expected = expected_lrs(config, adapters, resolved, param)
+            if expected is None:
+                continue
+            part, lrs = expected
+            applied = (group.get("max_lr", config.lr), group.get("min_lr", config.min_lr))
+            if applied != lrs:
+                raise _not_applied(part, lrs, f"a parameter group with max_lr={applied[0]}, min_lr={applied[1]}")
+            found[part] += 1
+    _check_found(optimizer, model, config, adapters, resolved, found)
+    if resolved:
+        logger.info("bridge-freeze: per-part learning rates applied: %s", rates.describe())
+    return resolved
+
+
+def _check_found(optimizer: Any, model: Any, config: OptimizerConfig, adapters: frozenset[int],
+                 resolved: dict[str, tuple[float, float]], found: dict[str, int]) -> None:
+    """A part that trains on this rank but is in no group: the optimizer was built without the overrides."""
+    if any(hasattr(sub, "model_float16_groups") for sub in _leaves(optimizer)):
+        return  # a distributed optimizer holds only this rank's shard: a small part may live on another rank
+    for param in parameters(model):
+        expected = expected_lrs(config, adapters, resolved, param) if param.requires_grad else None
+        if expected is not None and not found[expected[0]]:
+            raise _not_applied(expected[0], expected[1], "none of the optimizer's parameter groups")
+
+
+def _leaves(optimizer: Any) -> Iterator[Any]:
+    subs = getattr(optimizer, "chained_optimizers", None)
+    if subs is None:
+        yield optimizer
+        return
+    for sub in subs:
+        yield from _leaves(sub)
+
+
+def _not_applied(part: str, lrs: tuple[float, float], held: str) -> PartLearningRateError:
+    return PartLearningRateError(
+        f"lr_{part}={lrs[0]:g} (min {lrs[1]:g}) was asked, but the {part}'s parameters are in {held}: the "
+        f"optimizer does not apply the per-part learning rate. Build it with the plugin's overrides "
+        f"(cfg.optimizer_config_override_provider = PartLROverrideProvider(...) in Bridge, or "
+        f"config_overrides=part_lr_overrides(...) for get_megatron_optimizer), and do not replace them"
+    )
