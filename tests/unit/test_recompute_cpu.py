@@ -7,7 +7,8 @@ Bridge 0.6.2's Qwen3-VL, built by Bridge alone (the plugin's provider wrapper by
 dropout: the loss is equal, but the vision tower's recompute drops the DeepStack features' autograd link, so
 the 12 DeepStack merger tensors get NO gradient and the 27 other vision-encoder tensors (patch embedding,
 position embedding, both layers; not the final merger) get a WRONG one. The language model's gradients are
-right. Sets below are computed from names, independently of the plugin.
+right. Sets below are computed from names, independently of the plugin. Through the plugin's provider path
+(which turns recompute off in the Qwen3-VL vision tower only) every gradient equals the reference.
 """
 
 from __future__ import annotations
@@ -68,3 +69,25 @@ def test_qwen3_vl_recompute_defect_is_measured_exactly(plain_and_recomputed):
     }
     assert no_grad == deepstack
     assert wrong == encoder
+
+
+def test_through_the_plugin_recompute_gives_the_reference_gradients(plain_and_recomputed):
+    """The same measurement through the plugin's provider path (all three parts training): every gradient,
+    vision side included, equals the no-recompute reference (the plugin's fix, measured on the CPU)."""
+    from bridge_freeze_harness.tiny import build_tiny_model
+    from bridge_freeze_plugin import FreezeSelection, make_freezable
+
+    plain, _, (loss, _) = plain_and_recomputed
+    provider = make_freezable(train.make_provider("qwen3_vl", **NO_DROPOUT, **RECOMPUTE), FreezeSelection())
+    torch.manual_seed(0)
+    model = build_tiny_model("qwen3_vl", provider)
+    model.train()
+    plugin_loss = train.forward_backward(model, train.synthetic_batch("qwen3_vl", provider), "qwen3_vl")
+    assert plugin_loss.item() == loss.item()
+    reference = dict(plain.named_parameters())
+    differ = {
+        n
+        for n, p in model.named_parameters()
+        if p.grad is None or not torch.allclose(p.grad, reference[n].grad, rtol=1e-4, atol=1e-6)
+    }
+    assert differ == set()
