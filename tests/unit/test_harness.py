@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from bridge_freeze_harness.tiny import _index
 
@@ -155,3 +156,27 @@ def test_bridges_own_te_layer_spec_builds_under_the_any_size_cpu_patches(cpu_bri
         model = provider.provide(pre_process=True, post_process=True)
     names = {n for n, _ in model.named_parameters()}
     assert te_named in names  # TransformerEngine's parameter names, on local layers
+
+
+@pytest.mark.parametrize(("sq", "skv", "window"), [(6, 6, (2, 0)), (4, 7, (1, 1)), (5, 5, 3)])
+def test_cpu_sliding_window_mask_masks_exactly_the_keys_outside_the_window(sq, skv, window):
+    from bridge_freeze_harness.forward import _sliding_window_causal_mask
+
+    left, right = (window, 0) if isinstance(window, int) else window
+    # Queries are aligned to the last keys: query i sits at key position i + skv - sq.
+    expected = torch.tensor(
+        [[not (i + skv - sq - left <= j <= i + skv - sq + right) for j in range(skv)] for i in range(sq)]
+    )
+    assert torch.equal(_sliding_window_causal_mask(sq, skv, window), expected)
+
+
+def test_an_additive_attention_bias_becomes_a_mask_only_when_it_is_one():
+    from bridge_freeze_harness.forward import _bias_as_mask
+
+    blocked = torch.finfo(torch.float32).min
+    bias = torch.tensor([[0.0, blocked], [0.0, 0.0]])
+    assert torch.equal(_bias_as_mask(bias, None), torch.tensor([[False, True], [False, False]]))
+    assert torch.equal(_bias_as_mask(bias, torch.tensor([[False, False], [True, False]])),
+                       torch.tensor([[False, True], [True, False]]))
+    with pytest.raises(NotImplementedError, match="0 / -inf"):
+        _bias_as_mask(torch.tensor([[0.0, -1.5]]), None)
