@@ -323,3 +323,41 @@ def test_bridge_provider_rejects_a_malformed_value_when_made():
     with pytest.raises(PartLearningRateError, match="lr_vision_model must be a number"):
         PartLROverrideProvider(lr_vision_model="1e-4")
     assert PartLROverrideProvider.from_rates(PartLearningRates.of(lr_adapters=0.0)).lr_adapters == 0.0
+
+
+@pytest.fixture(scope="module")
+def lora_rig(cpu_bridge):
+    """Qwen3-VL with LoRA on the attention of the frozen language model and vision encoder; projection full-rank."""
+    from megatron.bridge.peft.lora import LoRA
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.train import forward_backward, make_provider, synthetic_batch
+    from bridge_freeze_plugin import make_freezable
+
+    selection = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
+    provider = make_freezable(make_provider("qwen3_vl"), selection)
+    provider.register_pre_wrap_hook(LoRA(target_modules=["linear_qkv", "linear_proj"], dim=4, alpha=8))
+    chunks = build_tiny_chunks("qwen3_vl", provider=provider)
+    chunks[0].ddp_config = DistributedDataParallelConfig()
+    forward_backward(chunks[0], synthetic_batch("qwen3_vl", provider), "qwen3_vl")
+    return Rig(chunks)
+
+
+def test_lora_adapters_move_at_their_own_lr(lora_rig):
+    rig = lora_rig
+    trained = {n for n, p in rig.named.items() if p.requires_grad}
+    adapters = {n for n in trained if not hasattr(rig.named[n], PART_ATTR)}
+    assert adapters and all(".adapter." in n for n in adapters)  # the adapters, as Bridge's LoRA names them
+    assert {rig.part_of(n) for n in trained - adapters} == {"vision_projection"}
+    config = rig.config()
+    moved = rig.step(config, _overrides(rig, config, lr_adapters=5e-3, lr_vision_projection=0.0))
+    single = rig.step(rig.config(lr=5e-3))
+    for name in trained:
+        if name in adapters:
+            assert torch.equal(moved[name], single[name]), name
+        else:
+            assert not torch.count_nonzero(moved[name]), name
+    assert all(not torch.count_nonzero(moved[n]) for n in rig.named if n not in trained)
+    with pytest.raises(PartLearningRateError, match="the language_model is frozen"):
+        _overrides(rig, config, lr_language_model=1e-4)
