@@ -5,7 +5,7 @@
 - :mod:`.bridge`: the same for Bridge's ``setup()``: :class:`PartLROverrideProvider`;
 - :mod:`.verify`: after the build, each part's LR is what was asked: :func:`verify_part_learning_rates`.
 
-Importing this package imports no torch; the other names load megatron-core on first use.
+Importing any of these modules imports no torch and no Megatron; megatron-core loads when overrides are built.
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ kind, muP, warm-up).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
-
-from megatron.core.optimizer.optimizer_config import ParamKey
-from megatron.core.optimizer_param_scheduler import ParamGroupOverride
+from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.optim.overrides import part_lr_overrides
 from bridge_freeze_plugin.optim.settings import PartLearningRates
+
+if TYPE_CHECKING:
+    from megatron.core.optimizer.optimizer_config import ParamKey
+    from megatron.core.optimizer_param_scheduler import ParamGroupOverride
 
 
 @dataclass

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-from megatron.core.optimizer import OptimizerConfig, get_standard_config_overrides
-from megatron.core.optimizer.optimizer_config import ParamKey, ParamPredicate
-from megatron.core.optimizer_param_scheduler import ParamGroupOverride
+from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.build.freeze import PART_ATTR
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim.settings import ADAPTERS, PartLearningRates
 from bridge_freeze_plugin.state import chunk_state
+
+if TYPE_CHECKING:
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.optimizer_config import ParamKey
+    from megatron.core.optimizer_param_scheduler import ParamGroupOverride
 
 #: megatron-core's attribute on the input embedding and output layer: ``decoupled_lr`` applies to them.
 DECOUPLED_ATTR = "is_embedding_or_output_parameter"
@@ -78,6 +79,9 @@ def part_lr_overrides(
     :class:`PartLearningRateError` where a part's LR could not take effect: an LR for a frozen part, a model
     the freeze never classified, an optimizer or setting under which megatron-core would not apply it.
     """
+    from megatron.core.optimizer import get_standard_config_overrides
+    from megatron.core.optimizer.optimizer_config import ParamKey, ParamPredicate
+
     overrides: dict[ParamKey, ParamGroupOverride] = dict(get_standard_config_overrides(optimizer_config))
     if not rates:
         return overrides
@@ -87,7 +91,7 @@ def part_lr_overrides(
     for part, (max_lr, min_lr) in rates.resolved(optimizer_config.lr, optimizer_config.min_lr).items():
         match = functools.partial(_in_part, part=part, adapters=adapters, config=optimizer_config)
         key = ParamKey(predicate=ParamPredicate(name=f"{PART_ATTR}={part}", fn=match))
-        overrides[key] = ParamGroupOverride(max_lr=max_lr, min_lr=min_lr)
+        overrides[key] = {"max_lr": max_lr, "min_lr": min_lr}
     return overrides
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
-
-from megatron.core.optimizer import OptimizerConfig
+from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim.overrides import adapter_ids, check_schedule, expected_lrs, parameters
 from bridge_freeze_plugin.optim.settings import PartLearningRates
+
+if TYPE_CHECKING:
+    from megatron.core.optimizer import OptimizerConfig
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
