@@ -45,7 +45,7 @@ class Pattern:
         return self.regex.fullmatch(name) is not None
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.text!r}"
+        return f"{self.kind} '{self.text}'"
 
 
 def compile_pattern(text: Any, kind: str) -> Pattern:
@@ -61,7 +61,7 @@ def compile_pattern(text: Any, kind: str) -> Pattern:
         regex = re.compile(rf"(?:{text})(?:\..+)?")
     except re.error as exc:
         raise InvalidPatternError(
-            f"{key} entry {text!r} is not a valid regular expression ({exc}). Patterns are Python regular "
+            f"{key} entry '{text}' is not a valid regular expression ({exc}). Patterns are Python regular "
             f"expressions matched against whole parameter or module names: write '.*' for any text (not '*'), "
             f"e.g. 'language_model\\.decoder\\.layers\\.(2|3)' or '.*\\.router'"
         ) from None
@@ -239,7 +239,7 @@ def unmatched_error(summary: PatternSummary, where: str, suggestions: dict[str, 
         other = by_text[pattern.text].other_tensors
         also = f" (it matches {other} tensor(s) of 'other', which no flag or pattern touches)" if other else ""
         near = ", ".join(suggestions.get(pattern.text, [])) or "none"
-        lines.append(f"{pattern.kind}_patterns entry {pattern.text!r} matches nothing{also}; nearest names: {near}")
+        lines.append(f"{pattern.kind}_patterns entry '{pattern.text}' matches nothing{also}; nearest names: {near}")
     scope = "in the whole model (every pipeline stage and expert rank)" if model_wide else "in the model"
     unmatched = summary.unmatched()
     return UnmatchedPatternError(

@@ -98,6 +98,13 @@ def _provider(sc: dict[str, Any]) -> Any:
     return base
 
 
+def _with_patterns(provider: Any, selection: Any) -> Any:
+    """Write the selection's train / freeze patterns to the provider (attributes read like the flags)."""
+    for key, values in selection.patterns_dict().items():
+        setattr(provider, key, values)
+    return provider
+
+
 def _run(sc: dict[str, Any], rank: int, world: int, capture: _Capture) -> dict[str, Any]:
     import torch
     from megatron.core import parallel_state
@@ -116,7 +123,7 @@ def _run(sc: dict[str, Any], rank: int, world: int, capture: _Capture) -> dict[s
         provider = GPTModelProvider(num_layers=1, hidden_size=8, num_attention_heads=1, hf_model_id="acme/text-7b")
         bfp.make_freezable(provider, selection)  # raises, identically, on every rank
         raise AssertionError("make_freezable accepted a flag on an unsupported provider")
-    provider = bfp.make_freezable(_provider(sc), selection)
+    provider = _with_patterns(bfp.make_freezable(_provider(sc), selection), selection)
     if sc.get("inject") == "guarantee_last_stage":
 
         def unfreeze_lm_on_last_stage(model: list[Any]) -> list[Any]:

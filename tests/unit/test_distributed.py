@@ -33,6 +33,8 @@ TIMEOUT_S = 240  # the whole run; a hang anywhere fails the module instead of ha
 
 PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
 VISION_ONLY = {"freeze_vision_model": True}
+PATTERNS = {**PROJECTION_ONLY, "train_patterns": [r"language_model\.decoder\.layers\.3"],
+            "freeze_patterns": ["vision_model.merger.patch_norm"]}
 
 # Independent of the registry: Qwen3-VL's projection is the merger and the DeepStack mergers.
 QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
@@ -50,6 +52,8 @@ SCENARIOS = [
     # tied embedding / output weight (the tiny Qwen3-VL's default): a copy on each end stage, counted once
     {"name": "pp2", **L4, "tp": 1, "pp": 2, "selection": PROJECTION_ONLY, "tied_on_cpu": True},
     {"name": "pp2_vision", **L4, "tp": 1, "pp": 2, "selection": VISION_ONLY, "tied": False},
+    # train / freeze patterns: global layer 3 is local layer 1 of stage 1 (stage 0's local layer 1 is layer 1)
+    {"name": "pp2_patterns", **L4, "tp": 1, "pp": 2, "selection": PATTERNS, "tied": False},
     # Virtual pipeline on Qwen2.5-VL: Bridge 0.6.2's Qwen3VLModelProvider.provide() drops vp_stage (it never
     # passes it to Qwen3VLModel), so megatron-core's TransformerBlock asserts "vp_stage must be provided if
     # virtual pipeline model parallel size is set" -- on any device, CPU or GPU. Qwen2.5-VL passes it on.
@@ -213,6 +217,26 @@ def test_pipeline_stages_each_freeze_their_part_and_the_report_sums_them(runs, n
         assert stage["trainable"] == expected_trainable(stage["names"], "qwen3_vl", selection)
     # the two stages together are the whole model, so the model-wide report is the TP1/PP1 one
     assert report_parts(first["report"]) == expected_parts(whole, "qwen3_vl", selection)
+    assert_logged_once_by_rank0([first, last])
+
+
+def test_a_pattern_matching_on_the_second_stage_only_uses_model_wide_layer_numbers(runs):
+    whole = ok(runs, "ref_l4_untied")[0]
+    first, last = ok(runs, "pp2_patterns")
+    layer3 = {n for n in whole["names"] if n.startswith("language_model.decoder.layers.3.")}
+    norm = {n for n in whole["names"] if n.startswith("vision_model.merger.patch_norm.")}
+    assert layer3 and len(norm) == 2
+    # stage 1 holds layers 2 and 3 as its local 0 and 1; stage 0's local layer 1 is layer 1 and stays frozen
+    assert last["trainable"] == sorted(n for n in last["names"] if n.startswith("language_model.decoder.layers.1."))
+    assert first["trainable"] == sorted(n for n in expected_trainable(first["names"], "qwen3_vl", PROJECTION_ONLY)
+                                        if n not in norm)
+    report = first["report"]
+    lm = next(r for r in report["parts"] if r["part"] == "language_model")
+    projection = next(r for r in report["parts"] if r["part"] == "vision_projection")
+    assert (lm["trainable"], lm["trainable_tensors"]) == (sum(whole["numel"][n] for n in layer3), len(layer3))
+    projection_names = {n for n in whole["names"] if QWEN3_PROJECTION.match(n)}
+    assert projection["trainable"] == sum(whole["numel"][n] for n in projection_names - norm)
+    assert [(m["kind"], m["tensors"]) for m in report["patterns"]["matches"]] == [("freeze", 2), ("train", len(layer3))]
     assert_logged_once_by_rank0([first, last])
 
 
