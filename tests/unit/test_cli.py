@@ -378,8 +378,6 @@ def test_check_config_dotted_overrides_change_the_selection(configs):
         (("sft.yaml", "strategy=fsdp"), "requires strategy=megatron, but strategy=fsdp"),
         (("sft.yaml", "megatron_config.freeze_vision_projection=true"), "nothing would train"),
         (("sft.yaml", "megatron_config.freeze_vison_model=true"), "did you mean megatron_config.freeze_vision_model"),
-        (("sft.yaml", "--family", "qwen3_vl", "megatron_config.recompute_granularity=full"),
-         "under full activation recompute"),
         (("rl.yaml", "--rl", "trainer.ref.megatron_config.freeze_vision_model=true"),
          "the reference model never trains"),
         (("sft.yaml", "strategy=fsdp", "megatron_config.freeze_vision_projection=true"), "2 problems"),
@@ -394,6 +392,18 @@ def test_check_config_invalid_exits_2_with_one_line(configs, args, message):
     assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith("bridge-freeze check-config: error: ")
+
+
+def test_check_config_reports_the_full_recompute_adjustment_instead_of_refusing(configs):
+    out = run("check-config", str(configs / "sft.yaml"), "--family", "qwen3_vl",
+              "megatron_config.recompute_granularity=full")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("adjusted when the model is built: ")]
+    assert "turns full recompute off in vision_model only" in line and "DeepStack" in line
+    assert out.stdout.rstrip().endswith("OK: valid")
+    doc = json.loads(run("check-config", str(configs / "sft.yaml"), "--family", "qwen3_vl", "--json",
+                         "megatron_config.recompute_granularity=full").stdout)
+    assert doc["valid"] is True and len(doc["adjustments"]) == 1
 
 
 def test_check_config_invalid_json_still_reports_on_stdout(configs):
