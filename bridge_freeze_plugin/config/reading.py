@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.config.layouts import Layout
 from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError
+from bridge_freeze_plugin.optim.settings import LR_KEYS, read_part_learning_rates
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
 
@@ -96,6 +97,8 @@ class RunSettings:
     peers: tuple[tuple[str, Setting], ...] = ()
     #: malformed settings next to the flags (rejected only when a flag is set)
     malformed: tuple[str, ...] = field(default_factory=tuple)
+    #: per-part learning rates (``lr_<part>`` / ``min_lr_<part>`` next to the flags; empty: the global schedule)
+    learning_rates: Any = None
 
 
 def plain(node: Any, key: str) -> Any:
@@ -146,6 +149,8 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
             f"{where}.{key} must be a boolean (true or false), got {as_yaml(value)!r} "
             f"({type(value).__name__}); write {where}.{key}=true or {where}.{key}=false", True,
         )
+    if key in LR_KEYS or key.startswith(("lr_", "min_lr_")):
+        return None  # per-part learning rates: read and checked by optim.settings.read_part_learning_rates
     close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
     if close:
         return (f"{where}.{key} is not a freeze flag; did you mean {where}.{close[0]}? "
@@ -235,6 +240,9 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
     lmo = _bool_setting(cfg, layout.language_model_only, source, malformed)
     lora, rank = _lora(cfg, layout, source, malformed)
     target = select(cfg, layout.provider_target) if layout.provider_target else None
+    # Per-part learning rates live next to the flags (lr_<part>, min_lr_<part>): checked as they are read.
+    learning_rates = read_part_learning_rates(flags, where=layout.flags, frozen=selection.frozen_parts(),
+                                              lora=lora.enabled)
     return RunSettings(
         layout=layout.name,
         selection=selection,
@@ -251,4 +259,5 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
         reference_key=layout.reference_flags,
         peers=_peers(cfg, layout, source),
         malformed=tuple(malformed),
+        learning_rates=learning_rates,
     )

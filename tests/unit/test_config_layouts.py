@@ -7,6 +7,7 @@ these tests in the real shapes). Expected verdicts are written here by hand, fro
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,30 @@ def test_sources_of_every_setting(caplog):
     with caplog.at_level(logging.WARNING, logger="bridge_freeze_plugin"):
         run.validate()  # the family is unknown (a hub id): a warning that the provider checks it when built
     assert any("not known from the config" in r.getMessage() for r in caplog.records)
+
+
+# ---- per-part learning rates next to the flags ---------------------------------------------------------------
+
+
+def test_per_part_learning_rates_are_read_and_checked_with_the_flags():
+    run = load_run(None, ["megatron_config.freeze_vision_model=true", "megatron_config.lr_vision_projection=1e-3",
+                          "megatron_config.lr_language_model=0.0"])
+    assert run.validate() == VISION
+    rates = {p.part: p.lr for p in run.settings.learning_rates.parts}
+    assert rates == {"vision_projection": 1e-3, "language_model": 0.0}  # 0.0 kept, not dropped as falsy
+    rl = load_run(None, ["trainer.strategy=megatron", f"{POLICY}.lr_vision_model=1e-5"])
+    assert {p.part: p.lr for p in rl.settings.learning_rates.parts} == {"vision_model": 1e-5}
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (["megatron_config.freeze_vision_model=true", "megatron_config.lr_vision_model=1e-3"],
+     "megatron_config.lr_vision_model is set, but the vision_model is frozen"),
+    (["megatron_config.lr_vison_model=1e-3"], "did you mean megatron_config.lr_vision_model"),
+    (["megatron_config.lr_adapters=1e-3"], "LoRA is off"),
+    (["megatron_config.lr_vision_model=true"], "megatron_config.lr_vision_model"),
+])
+def test_per_part_learning_rates_that_would_be_ignored_are_refused(overrides, words):
+    from bridge_freeze_plugin.errors import PartLearningRateError
+
+    with pytest.raises(PartLearningRateError, match=re.escape(words)):
+        load_run(None, overrides)
