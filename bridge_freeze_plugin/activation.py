@@ -34,6 +34,7 @@ from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.build.flags import FlagField
 from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
+from bridge_freeze_plugin.optim import setup_check
 from bridge_freeze_plugin.provider import is_plugin_class, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
@@ -62,6 +63,8 @@ def activate() -> None:
     for spec in REGISTRY:
         _watch(spec)
     POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
+    for module in setup_check.MODULES:
+        POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
         _guard_uncovered_providers(sys.modules[_BRIDGE])
     else:
@@ -193,6 +196,18 @@ def _guard_adapter_exports(module: ModuleType) -> None:
             if callable(method) and not hasattr(method, "__bridge_freeze_wrapped__"):
                 STATE.guarded.setdefault(cls, {})[name] = method
                 setattr(cls, name, guard(name, method))
+
+
+def _check_part_learning_rates(module: ModuleType) -> None:
+    """Bridge's ``setup_optimizer`` verifies per-part learning rates (:mod:`bridge_freeze_plugin.optim.setup_check`)."""
+    original = module.__dict__.get(setup_check.NAME)
+    if not STATE.active or not callable(original):
+        return
+    with STATE.lock:
+        if hasattr(original, "__bridge_freeze_wrapped__"):
+            return
+        STATE.guarded.setdefault(module, {})[setup_check.NAME] = original  # type: ignore[index]
+        setattr(module, setup_check.NAME, setup_check.checked(original))
 
 
 def _guard_class(klass: type) -> None:

@@ -79,8 +79,9 @@ class PluginState:
     lock: threading.RLock = field(default_factory=threading.RLock)
     #: class -> {attribute name: original value in the class ``__dict__`` (or MISSING)}
     patched: dict[type, dict[str, Any]] = field(default_factory=dict)
-    #: class -> {method name: original}: guards on providers no family covers (a flag there raises)
-    guarded: dict[type, dict[str, Any]] = field(default_factory=dict)
+    #: class (or module) -> {name: original}: guards on providers no family covers (a flag there raises),
+    #: on Bridge's adapter-only exports and on Bridge's ``setup_optimizer`` (per-part learning-rate check)
+    guarded: dict[Any, dict[str, Any]] = field(default_factory=dict)
     #: (function, parameter, original default), for ``__init__`` defaults patched in place
     init_defaults: list[tuple[Callable[..., Any], str, Any]] = field(default_factory=list)
     #: (class, flag, dataclass Field, original default): the field defaults set to False

@@ -102,10 +102,16 @@ def __getattr__(name: str) -> Any:
     return freezable_class(obj)
 
 
+#: The plugin's classes a Bridge ``run_config.yaml`` may name as ``_target_``: these freezable subclasses, and
+#: the per-part learning-rate provider (``optimizer_config_override_provider``).
+ALLOWED_TARGET_PREFIXES = (__name__ + ".", "bridge_freeze_plugin.optim.bridge.")
+
+
 def _allow_in_bridge_targets(module: Any) -> None:
     register = getattr(module, "register_allowed_target_prefix", None)
     if register is not None:
-        register(__name__ + ".")
+        for prefix in ALLOWED_TARGET_PREFIXES:
+            register(prefix)
 
 
 POST_IMPORT.watch(_BRIDGE_INSTANTIATE, _allow_in_bridge_targets)

@@ -361,3 +361,42 @@ def test_lora_adapters_move_at_their_own_lr(lora_rig):
     assert all(not torch.count_nonzero(moved[n]) for n in rig.named if n not in trained)
     with pytest.raises(PartLearningRateError, match="the language_model is frozen"):
         _overrides(rig, config, lr_language_model=1e-4)
+
+
+def test_bridges_setup_optimizer_is_checked_automatically(rig, monkeypatch):
+    """Bridge's ``megatron.bridge.training.optim`` cannot be imported here (it needs ``datasets``): a module of
+    that name holding a ``setup_optimizer`` with Bridge's signature stands in for it, and activation wraps it
+    as it wraps Bridge's. The stand-in builds the optimizer the way Bridge's does (overrides from the provider)
+    or, to show the check, ignores the provider as a misconfigured build would."""
+    import sys
+    import types
+
+    import bridge_freeze_plugin as bfp
+    from bridge_freeze_plugin.activation import _check_part_learning_rates
+    from bridge_freeze_plugin.optim import PartLROverrideProvider
+
+    def setup_optimizer(optimizer_config, scheduler_config, model, use_gloo_process_groups=False,
+                        pg_collection=None, optimizer_config_override_provider=None):
+        context = types.SimpleNamespace(optimizer_config=optimizer_config, scheduler_config=scheduler_config,
+                                        model=model)
+        overrides = None
+        if optimizer_config_override_provider is not None and scheduler_config != "ignore the provider":
+            overrides = optimizer_config_override_provider.build_config_overrides(context)
+        return rig.build(optimizer_config, overrides), None
+
+    module = types.ModuleType("megatron.bridge.training.optim")
+    module.setup_optimizer = setup_optimizer
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    _check_part_learning_rates(module)
+    assert module.setup_optimizer is not setup_optimizer  # wrapped while active
+    provider = PartLROverrideProvider(lr_vision_projection=2e-2)
+    config = rig.config()
+    optimizer, _ = module.setup_optimizer(config, None, rig.chunks, optimizer_config_override_provider=provider)
+    assert optimizer is not None
+    with pytest.raises(PartLearningRateError, match=r"lr_vision_projection=0\.02"):
+        module.setup_optimizer(config, "ignore the provider", rig.chunks, optimizer_config_override_provider=provider)
+    bfp.deactivate()
+    try:
+        assert module.setup_optimizer is setup_optimizer  # deactivate undoes it
+    finally:
+        bfp.activate()
