@@ -1,0 +1,207 @@
+"""One VLM family as data: :class:`FamilySpec`, the module prefixes of each part, checked when it is made.
+
+A prefix names a module as a bare model chunk's ``named_parameters()`` spells it; a parameter belongs to the
+part with the longest matching prefix. :mod:`bridge_freeze_plugin.registry` holds the registered specs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge_freeze_plugin.errors import FamilyRegistrationError
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
+
+#: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
+_WRAPPER_PREFIX = "module."
+#: Up to this many prefixes, :meth:`FamilySpec.classify` tests them in turn (faster than walking
+#: the name up through a dict, one ``rfind`` + slice per module level); above it, it walks.
+_MAX_LINEAR_PREFIXES = 16
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name as a pre-wrap hook sees it: strips the ``module.`` added by wrappers."""
+    while name.startswith(_WRAPPER_PREFIX):
+        name = name[len(_WRAPPER_PREFIX) :]
+    return name
+
+
+def class_path(cls: type) -> str:
+    """``"module:QualName"`` of a class, the form provider paths are registered in."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+#: A family name: what ``plan``, ``check-config --family`` and ``get_family()`` take.
+_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: One segment of a module path as ``named_parameters()`` spells it: an attribute name, or a list index.
+_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
+def _string_tuple(family: Any, attr: str, value: Any) -> tuple[str, ...]:
+    """``value`` as a tuple of strings (a provider class object is written as its import path)."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise FamilyRegistrationError(
+            f"family {family!r}: {attr} must be a list of strings, not {type(value).__name__} {value!r}"
+        )
+    items = []
+    for item in value:
+        if attr == "providers" and isinstance(item, type):
+            item = class_path(item)
+        if not isinstance(item, str):
+            what = "'package.module:ClassName' strings or classes" if attr == "providers" else "strings"
+            raise FamilyRegistrationError(
+                f"family {family!r}: {attr} must hold {what}, got {type(item).__name__} {item!r}"
+            )
+        items.append(item)
+    return tuple(items)
+
+
+def _check_providers(family: str, providers: tuple[str, ...]) -> None:
+    if not providers:
+        raise FamilyRegistrationError(f"family {family!r} names no provider class")
+    for path in providers:
+        module, sep, qualname = path.partition(":")
+        dotted = [*module.split("."), *(s for s in qualname.split(".") if s != "<locals>")]
+        if not sep or not module or not qualname or not all(s.isidentifier() for s in dotted):
+            raise FamilyRegistrationError(
+                f"family {family!r}: provider {path!r} must be written 'package.module:ClassName'"
+            )
+
+
+def _check_prefix(family: str, part: Part, prefix: str) -> None:
+    """A prefix names a module as a bare chunk's ``named_parameters()`` does, or it could never match."""
+    segments = prefix.split(".")
+    if all(_SEGMENT.fullmatch(s) for s in segments) and segments[0] != _WRAPPER_PREFIX.rstrip("."):
+        return
+    if segments[0] == _WRAPPER_PREFIX.rstrip("."):
+        why = "names a wrapper's 'module.' level, which a bare chunk does not have: drop the 'module.'"
+    else:
+        why = ("is not a dotted module path (attribute names and list indices only: no spaces, wildcards or "
+               "regular expressions; a prefix covers every parameter below it)")
+    raise FamilyRegistrationError(
+        f"family {family!r}: bad prefix {prefix!r} for {part.value}: it can never match a parameter, since it {why}"
+    )
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One VLM family: the provider classes it covers and the module prefixes of each part.
+
+    A prefix names a module (``"visual.merger"``) and covers every parameter below it. A parameter
+    belongs to the part with the longest (most specific) matching prefix, so a projection that
+    lives inside the vision module (``visual.merger`` inside ``visual``) is the projection.
+    ``other`` lists known modules that belong to none of the three parts (an audio tower, say):
+    no flag touches them, and the report shows them on their own line.
+    """
+
+    name: str
+    providers: tuple[str, ...]
+    language_model: tuple[str, ...]
+    vision_model: tuple[str, ...]
+    vision_projection: tuple[str, ...]
+    other: tuple[str, ...] = ()
+    description: str = ""
+    #: HF ``config.json`` ``model_type`` values of this family (to recognise a checkpoint or config).
+    hf_model_types: tuple[str, ...] = ()
+    #: Known Bridge issue: under full activation recompute the projection (part of it) gets no gradient.
+    projection_needs_recompute_off: bool = False
+    #: Why, in one clause a message can quote (family knowledge stays in the family's table).
+    recompute_note: str = ""
+    #: Modules (prefixes) whose full activation recompute gives wrong gradients: the plugin turns recompute off
+    #: in their configs when one of ``full_recompute_affects`` trains under full recompute.
+    no_full_recompute: tuple[str, ...] = ()
+    #: The parts whose gradients that recompute gets wrong (their training triggers the fix).
+    full_recompute_affects: tuple[str, ...] = ()
+    #: Who registered it: "builtin", or the distribution that provided an entry point.
+    source: str = "builtin"
+    _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: (prefix, prefix + ".", part), longest prefix first: the fast path of :meth:`classify`.
+    _ordered: tuple[tuple[str, str, Part], ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _FAMILY_NAME.fullmatch(self.name):
+            raise FamilyRegistrationError(
+                f"family name {self.name!r} must be a non-empty string of letters, digits, '_', '-' or '.'"
+            )
+        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
+                     "no_full_recompute", "full_recompute_affects"):
+            object.__setattr__(self, attr, _string_tuple(self.name, attr, getattr(self, attr)))
+        _check_providers(self.name, self.providers)
+        unknown = set(self.full_recompute_affects) - {p.value for p in SELECTABLE_PARTS}
+        if unknown or bool(self.no_full_recompute) != bool(self.full_recompute_affects):
+            raise FamilyRegistrationError(
+                f"family {self.name!r}: no_full_recompute and full_recompute_affects go together, and the latter "
+                f"names parts ({', '.join(p.value for p in SELECTABLE_PARTS)}); got {sorted(unknown) or 'one alone'}"
+            )
+        for part in SELECTABLE_PARTS:
+            if not self.prefixes(part):
+                raise FamilyRegistrationError(
+                    f"family {self.name!r} gives no module prefix for {part.value}; every VLM family "
+                    "must name its language model, vision encoder and vision projection"
+                )
+        index = self._index
+        for part in (*SELECTABLE_PARTS, Part.OTHER):
+            for prefix in self.prefixes(part):
+                _check_prefix(self.name, part, prefix)
+                if prefix in index and index[prefix] is not part:
+                    raise FamilyRegistrationError(
+                        f"family {self.name!r}: prefix {prefix!r} is listed under both "
+                        f"{index[prefix].value} and {part.value}"
+                    )
+                index[prefix] = part
+        if len(index) <= _MAX_LINEAR_PREFIXES:
+            ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
+            object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
+
+    def prefixes(self, part: Part) -> tuple[str, ...]:
+        return self.other if part is Part.OTHER else getattr(self, part.value)
+
+    def classify(self, name: str) -> Part | None:
+        """The part of one parameter (``None``: under no prefix at all)."""
+        if name.startswith(_WRAPPER_PREFIX):
+            name = canonical_name(name)
+        if self._ordered:
+            # Few prefixes (every built-in family): test them longest first; the first that is the
+            # name itself or one of its module ancestors is the longest match.
+            for prefix, dotted, part in self._ordered:
+                if name.startswith(dotted) or name == prefix:
+                    return part
+            return None
+        index = self._index
+        # Longest prefix first: walk from the full name up, one module level at a time.
+        while True:
+            part = index.get(name)
+            if part is not None:
+                return part
+            cut = name.rfind(".")
+            if cut < 0:
+                return None
+            name = name[:cut]
+
+    def resolve_providers(self) -> list[type]:
+        """Import and return the provider classes (raises ImportError / AttributeError if stale)."""
+        classes = []
+        for path in self.providers:
+            module, _, qualname = path.partition(":")
+            obj: Any = importlib.import_module(module)
+            for attr in qualname.split("."):
+                obj = getattr(obj, attr)
+            classes.append(obj)
+        return classes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "providers": list(self.providers),
+            **{part.value: list(self.prefixes(part)) for part in (*SELECTABLE_PARTS, Part.OTHER)},
+            "description": self.description,
+            "hf_model_types": list(self.hf_model_types),
+            "projection_needs_recompute_off": self.projection_needs_recompute_off,
+            "recompute_note": self.recompute_note,
+            "no_full_recompute": list(self.no_full_recompute),
+            "full_recompute_affects": list(self.full_recompute_affects),
+            "source": self.source,
+        }
