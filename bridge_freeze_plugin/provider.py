@@ -49,11 +49,17 @@ def model_name_of(provider: Any) -> str | None:
     return None
 
 
+def describe_selection(selection: FreezeSelection) -> str:
+    """The flags set and the patterns given, as a user would write them (``"no freeze flag"`` when none)."""
+    asked = [f"{f}=True" for f in selection.set_flags()]
+    asked += [f"{k}={v}" for k, v in selection.patterns_dict().items() if v]
+    return ", ".join(asked) or "no freeze flag"
+
+
 def describe_request(provider: Any, selection: FreezeSelection) -> str:
     """``"freeze_vision_model=True on Qwen3VLModelProvider (model Qwen/...)"``, for messages."""
     model = model_name_of(provider)
-    flags = ", ".join(f"{f}=True" for f in selection.set_flags()) or "no freeze flag"
-    return f"{flags} on {provider_label(provider)}{f' (model {model})' if model else ''}"
+    return f"{describe_selection(selection)} on {provider_label(provider)}{f' (model {model})' if model else ''}"
 
 
 def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> FamilySpec | None:
@@ -66,7 +72,7 @@ def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> F
         supported = ", ".join(f"{f.name} ({', '.join(p.rpartition(':')[2] for p in f.providers)})"
                               for f in list_families())
         raise UnsupportedFreezeFlagError(
-            f"{', '.join(f'{f}=True' for f in selection.set_flags())} was set on "
+            f"{describe_selection(selection)} was set on "
             f"{class_path(bridge_class(provider)).replace(':', '.')}{f' (model {model})' if model else ''}, "
             f"but no bridge-freeze family covers this provider{f' ({reason})' if reason else ''}, so the flag "
             f"cannot be honoured. Supported families: {supported}. Unset the flag, register this model's family "
@@ -121,6 +127,6 @@ def overridden_defaults(provider: Any) -> tuple[DefaultOverride, ...]:
 
 
 def write_selection(provider: Any, selection: FreezeSelection) -> None:
-    """Write all three flags to the provider, whether they are set or not."""
-    for flag, value in selection.as_dict().items():
-        setattr(provider, flag, value)
+    """Write all three flags (and both pattern lists) to the provider, whether they are set or not."""
+    for name, value in selection.provider_attributes().items():
+        setattr(provider, name, value)

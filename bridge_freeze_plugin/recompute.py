@@ -31,6 +31,8 @@ def affected_parts(family: FamilySpec | None, selection: FreezeSelection) -> lis
     """The trained parts whose gradients full recompute gets wrong on this family (``[]``: none)."""
     if family is None or not family.no_full_recompute:
         return []
+    if selection.train_patterns:  # a train pattern may make any part (partly) train
+        return list(family.full_recompute_affects)
     return [p for p in family.full_recompute_affects if Part(p) in selection.trained_parts()]
 
 

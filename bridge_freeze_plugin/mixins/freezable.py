@@ -39,6 +39,10 @@ class FreezableVLMProvider:
     freeze_language_model: bool = FlagField(False)  # type: ignore[assignment]
     freeze_vision_model: bool = FlagField(False)  # type: ignore[assignment]
     freeze_vision_projection: bool = FlagField(False)  # type: ignore[assignment]
+    #: patterns refining the flags per parameter (see ``FreezeSelection``): fields, so that a provider's
+    #: ``run_config.yaml`` keeps them
+    train_patterns: tuple[str, ...] = ()
+    freeze_patterns: tuple[str, ...] = ()
 
     @property
     def freeze_selection(self) -> FreezeSelection:

@@ -424,3 +424,16 @@ def test_a_provider_class_defined_after_activation_is_guarded_and_deactivate_rem
         bfp.activate()
     with pytest.raises(bfp.UnsupportedFreezeFlagError):
         mine.provide()
+
+
+def test_patterns_written_by_make_freezable_reach_the_build_and_survive_run_config(cpu_bridge):
+    layer_1 = r"language_model\.decoder\.layers\.1"
+    selection = FreezeSelection(True, True, False, train_patterns=[layer_1])
+    provider = make_freezable(make_provider("qwen3_vl"), selection)
+    model = build_tiny_model("qwen3_vl", provider=provider)
+    expected = projection_names(model) | {n for n in names(model) if n.startswith("language_model.decoder.layers.1.")}
+    assert len(expected) > len(projection_names(model)) and trainable(model) == expected
+    _, loaded = _bridge_yaml_round_trip(provider)
+    assert list(loaded.train_patterns) == [layer_1]
+    again = build_tiny_model("qwen3_vl", provider=loaded)
+    assert trainable(again) == expected
