@@ -37,7 +37,10 @@ def normalise_strategy(value: Any) -> str | None:
 
 
 def flag_list(selection: FreezeSelection, where: str) -> str:
-    return ", ".join(f"{where}.{flag}=true" for flag in selection.set_flags())
+    """The flags set and the patterns given, as written in the config."""
+    asked = [f"{where}.{flag}=true" for flag in selection.set_flags()]
+    asked += [f"{where}.{key}=[{', '.join(values)}]" for key, values in selection.patterns_dict().items() if values]
+    return ", ".join(asked)
 
 
 def reference_model_never_trains(s: RunSettings) -> list[str]:
@@ -88,8 +91,8 @@ def language_model_only_has_no_vision_part(s: RunSettings) -> list[str]:
 
 def all_three_frozen_needs_lora(s: RunSettings) -> list[str]:
     """All three parts frozen and no adapters: nothing would train."""
-    if not (s.selection.all_set and not s.lora.enabled):
-        return []
+    if not (s.selection.all_set and not s.lora.enabled) or s.selection.train_patterns:
+        return []  # (train patterns make parts of the frozen model train)
     return [
         f"{flag_list(s.selection, s.flags_key)}: all three parts are frozen and LoRA is off "
         f"({s.lora_rank.key}={s.lora.rank}), so nothing would train. Unset at least one flag, or enable LoRA "

@@ -18,7 +18,7 @@ from bridge_freeze_plugin.config.layouts import Layout
 from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError
 from bridge_freeze_plugin.optim.settings import LR_KEYS, read_part_learning_rates
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
+from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, FreezeSelection
 
 #: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.
 _MISSPELLING_CUTOFF = 0.8
@@ -151,6 +151,11 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
         )
     if key in LR_KEYS or key.startswith(("lr_", "min_lr_")):
         return None  # per-part learning rates: read and checked by optim.settings.read_part_learning_rates
+    if key in PATTERN_KEYS:
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)) and all(isinstance(i, str) for i in items):
+            return None
+        return (f"{where}.{key} must be a list of patterns (strings), got {as_yaml(value)!r}", False)
     close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
     if close:
         return (f"{where}.{key} is not a freeze flag; did you mean {where}.{close[0]}? "
@@ -181,7 +186,11 @@ def read_selection(
     if problems:
         type_only = all(is_type for _, is_type in problems)
         raise (FreezeFlagTypeError if type_only else InvalidFreezeConfigError)(join_problems([m for m, _ in problems]))
-    return FreezeSelection(**{str(k): v for k, v in section.items() if k in FLAGS})
+    patterns = {k: [v] if isinstance(v, str) else list(v) for k, v in section.items() if k in PATTERN_KEYS}
+    try:  # an invalid pattern fails here, naming the key, before any build
+        return FreezeSelection(**{str(k): v for k, v in section.items() if k in FLAGS}, **patterns)
+    except InvalidFreezeConfigError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 Source = Callable[[str], str]

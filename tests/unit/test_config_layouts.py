@@ -282,3 +282,26 @@ def test_per_part_learning_rates_that_would_be_ignored_are_refused(overrides, wo
 
     with pytest.raises(PartLearningRateError, match=re.escape(words)):
         load_run(None, overrides)
+
+
+# ---- patterns next to the flags --------------------------------------------------------------------------
+
+
+def test_patterns_are_read_next_to_the_flags_and_checked_up_front():
+    from bridge_freeze_plugin.errors import InvalidPatternError
+
+    run = load_run(None, ["megatron_config.freeze_vision_model=true",
+                          "megatron_config.train_patterns=[vision_model.decoder.layers.1]"])
+    assert run.validate().train_patterns == ("vision_model.decoder.layers.1",)
+    one = load_run(None, ["megatron_config.freeze_patterns=language_model.embedding"]).validate()
+    assert one.freeze_patterns == ("language_model.embedding",)  # one string is one pattern
+    with pytest.raises(InvalidPatternError, match=r"megatron_config: train_patterns entry 'vision_model\.\('"):
+        load_run(None, ["megatron_config.train_patterns=[vision_model.(]"])
+    with pytest.raises(InvalidFreezeConfigError, match="freeze_patterns must be a list of patterns"):
+        load_run(None, ["megatron_config.freeze_patterns=3"])
+    # all three flags and no LoRA is fine when train patterns make parts of the frozen model train
+    flags = [f"megatron_config.{f}=true" for f in ("freeze_language_model", "freeze_vision_model",
+                                                  "freeze_vision_projection")]
+    assert load_run(None, [*flags, "megatron_config.train_patterns=[language_model.output_layer]"]).validate()
+    with pytest.raises(InvalidFreezeConfigError, match="reference model never trains"):
+        load_run(None, ["trainer.strategy=megatron", "trainer.ref.megatron_config.train_patterns=[x]"]).validate()
