@@ -154,12 +154,20 @@ def train_steps(
     batch_size: int = 1,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    lr_of: Callable[[torch.nn.Parameter], float] | None = None,
 ) -> list[float]:
-    """``steps`` AdamW steps over the parameters with ``requires_grad`` (only); returns the losses."""
+    """``steps`` AdamW steps over the parameters with ``requires_grad`` (only); returns the losses.
+
+    ``lr_of(param)``: a parameter's own learning rate (one AdamW group per distinct value); ``lr`` otherwise.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameter")
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for param in params:
+        groups.setdefault(lr if lr_of is None else float(lr_of(param)), []).append(param)
+    optimizer = torch.optim.AdamW([{"params": ps, "lr": group_lr} for group_lr, ps in groups.items()], lr=lr,
+                                  weight_decay=weight_decay)
     batch = synthetic_batch(family, provider, batch_size=batch_size, seed=seed)
     model.train()
     losses: list[float] = []

@@ -101,6 +101,58 @@ def test_demo_failure_paths_are_one_line_and_nonzero():
     assert out.returncode == 2 and "nothing would train" in out.stderr
 
 
+def _demo_table(stdout: str) -> dict[str, tuple[int, int, int]]:
+    """The demo's per-part table (part, tensors, trainable, changed) as part -> (tensors, trainable, changed)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == ["part", "tensors", "trainable", "changed"])
+    rows = {}
+    for line in lines[start + 1:]:
+        cells = line.split()
+        if len(cells) != 4:
+            break
+        rows[cells[0]] = tuple(int(c) for c in cells[1:])
+    return rows
+
+
+def test_demo_lora_with_a_full_rank_projection_trains_exactly_adapters_and_the_projection():
+    out = run("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model",
+              "--lora-target-modules", "linear_qkv", "linear_proj", "--steps", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    table = _demo_table(out.stdout)
+    # 2 layers x (linear_qkv, linear_proj) x (linear_in, linear_out) adapters in the language model and vision encoder
+    assert table["language_model"][1:] == (8, 8) and table["vision_model"][1:] == (8, 8)
+    assert table["vision_projection"][0] == table["vision_projection"][1] == table["vision_projection"][2] > 0
+    assert "full-rank" in out.stdout and "adapters" in out.stdout
+
+
+def test_demo_lora_with_bridges_default_targets_names_the_merger_overlap():
+    out = run("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "vision_model.merger.linear_fc1.weight (wrapped by LoRA" in out.stderr
+
+
+def test_demo_a_part_at_learning_rate_zero_stays_unchanged():
+    out = run("demo", "--freeze-language-model", "--lr-vision-projection", "0", "--steps", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    table = _demo_table(out.stdout)
+    assert table["vision_projection"][1] > 0 and table["vision_projection"][2] == 0  # trainable, unchanged
+    assert table["vision_model"][1] == table["vision_model"][2] > 0  # the encoder moved
+    assert "vision_projection 0" in out.stdout  # each part's LR in the report
+    refused = run("demo", "--freeze-language-model", "--lr-language-model", "1e-3")
+    assert refused.returncode == 2 and "freezes that part" in refused.stderr
+
+
+def test_demo_train_patterns_and_recompute():
+    out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--train",
+              r"language_model\.decoder\.layers\.1", "--steps", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lm = _demo_table(out.stdout)["language_model"]
+    assert 0 < lm[1] == lm[2] < lm[0]  # layer 1 only
+    out = run("demo", "--train-all", "--recompute", "full", "--steps", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "note: full activation recompute turned off in vision_model" in out.stdout
+
+
 @pytest.mark.parametrize("steps", ["0", "-1", "two"])
 def test_demo_steps_below_one_fail_at_parse_time(steps):
     out = run("demo", "--steps", steps)

@@ -1,0 +1,110 @@
+"""The training options ``demo`` (and ``plan``, where they apply) take on top of the three flags.
+
+- ``--train PATTERN...`` / ``--freeze PATTERN...``: patterns refining the flags (``FreezeSelection``);
+- ``--lora-rank N`` (0: off) and ``--lora-target-modules NAME...`` (Bridge's LoRA defaults when not given):
+  Bridge's real LoRA as a pre-wrap hook; with flags, the parts whose flag is off train at full rank;
+- ``--lr-language-model`` / ``--lr-vision-model`` / ``--lr-vision-projection``: a learning rate per part
+  (unset: the global one; 0.0 honoured: that part must not change);
+- ``--recompute full``: full activation recompute (uniform, one layer per chunk) on the provider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from bridge_freeze_plugin.errors import CommandError
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
+
+LR_OPTIONS = {part.value: f"lr_{part.value}" for part in SELECTABLE_PARTS}
+FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def add_pattern_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("patterns (anchored regular expressions over parameter or module names)")
+    group.add_argument("--train", metavar="PATTERN", nargs="+", action="extend", default=[],
+                       help="parameters or modules to train whatever their flag says")
+    group.add_argument("--freeze", metavar="PATTERN", nargs="+", action="extend", default=[],
+                       help="parameters or modules to freeze (a --train pattern wins)")
+
+
+def add_lora_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LoRA (with flags: the parts whose flag is off train at full rank)")
+    group.add_argument("--lora-rank", metavar="N", type=_nonnegative_int, default=0, help="LoRA rank (0: off)")
+    group.add_argument("--lora-target-modules", metavar="NAME", nargs="+", default=None,
+                       help="LoRA target modules (default: Bridge's LoRA defaults, linear_qkv linear_proj "
+                            "linear_fc1 linear_fc2)")
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    for part, key in LR_OPTIONS.items():
+        group.add_argument(f"--{key.replace('_', '-')}", metavar="LR", type=_learning_rate, default=None,
+                           help=f"learning rate of the {part} (default: the global one; 0 keeps it unchanged)")
+    group.add_argument("--recompute", choices=["none", "full"], default="none",
+                       help="full activation recompute (uniform, 1 layer per chunk); default none")
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def with_patterns(selection: FreezeSelection, args: argparse.Namespace) -> FreezeSelection:
+    """``selection`` with the --train / --freeze patterns (compiled: an invalid one fails here)."""
+    train, freeze = list(getattr(args, "train", [])), list(getattr(args, "freeze", []))
+    if not train and not freeze:
+        return selection
+    return FreezeSelection(*(selection.as_dict().values()), train_patterns=train, freeze_patterns=freeze)
+
+
+def refuse_nothing_to_train(selection: FreezeSelection, lora_rank: int) -> None:
+    """All three parts frozen, no LoRA and no train pattern: nothing would train (refused before any build)."""
+    if selection.all_set and not lora_rank and not selection.train_patterns:
+        raise CommandError(
+            "all three parts frozen and no LoRA (--lora-rank): nothing would train. Leave at least one --freeze-* "
+            "flag off, add --lora-rank N to train adapters, or --train PATTERN"
+        )
+
+
+def make_lora(args: argparse.Namespace) -> Any | None:
+    """Bridge's real LoRA for --lora-rank / --lora-target-modules (``None`` when --lora-rank is 0)."""
+    if not args.lora_rank:
+        if args.lora_target_modules:
+            raise CommandError("--lora-target-modules needs --lora-rank N (N > 0)")
+        return None
+    from megatron.bridge.peft.lora import LoRA
+
+    lora = LoRA(dim=args.lora_rank, alpha=2 * args.lora_rank)
+    if args.lora_target_modules:
+        lora.target_modules = list(args.lora_target_modules)
+    return lora
+
+
+def part_learning_rates(args: argparse.Namespace, selection: FreezeSelection) -> dict[str, float]:
+    """part -> LR for the parts given one; an LR for a part that is frozen (and not patterned) is refused."""
+    rates = {part: getattr(args, key) for part, key in LR_OPTIONS.items() if getattr(args, key, None) is not None}
+    frozen = {p.value for p in selection.frozen_parts()}
+    refused = sorted(set(rates) & frozen) if not selection.train_patterns else []
+    if refused:
+        raise CommandError(
+            f"--lr-{refused[0].replace('_', '-')} is given, but --freeze-{refused[0].replace('_', '-')} freezes that "
+            f"part: its learning rate would never apply. Drop one of the two"
+        )
+    return rates
