@@ -60,7 +60,8 @@ class BuildContext:
         """``"freeze_vision_model=True on Qwen3VLModelProvider (Qwen/...)"``, for messages."""
         asked = [f"{f}=True" for f in self.selection.set_flags()]
         for key, values in self.selection.patterns_dict().items():
-            asked += [f"{key}=[{', '.join(f"'{v}'" for v in values)}]"] if values else []
+            quoted = ", ".join(repr(v) for v in values)
+            asked += [f"{key}=[{quoted}]"] if values else []
         model = f" ({self.model_name})" if self.model_name else ""
         return f"{', '.join(asked) or 'no freeze flag'} on {self.provider_label or 'the model'}{model}"
 
