@@ -111,3 +111,18 @@ def test_with_the_fix_every_gradient_equals_the_one_without_recompute(references
 
 def test_every_affected_family_is_measured():
     assert set(AFFECTED) >= {"qwen3_vl", "qwen3_vl_moe", "ernie45_vl"}
+
+
+@pytest.mark.parametrize(("fields", "broken"), [
+    ({"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 1}, True),
+    ({"recompute_granularity": "selective"}, False),
+], ids=["full-block", "selective"])
+def test_other_recompute_settings_on_qwen3_vl(references, fields, broken):
+    """Full recompute with the "block" method breaks the vision gradients like "uniform" (and is fixed the same
+    way); selective recompute (inside attention only) gets every gradient right, so the plugin leaves it alone."""
+    reference = references("qwen3_vl")
+    model, batch = _build("qwen3_vl", **fields)
+    assert bool(_disagreeing(_gradients(model, batch, "qwen3_vl"), reference)) is broken
+    fixed, batch = _build("qwen3_vl", through_plugin=FreezeSelection(), **fields)
+    assert fixed.vision_model.config.recompute_granularity == (None if broken else fields["recompute_granularity"])
+    assert not _disagreeing(_gradients(fixed, batch, "qwen3_vl"), reference)
