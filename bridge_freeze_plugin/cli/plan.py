@@ -25,6 +25,7 @@ from bridge_freeze_plugin.cli._common import (
     selection_from,
 )
 from bridge_freeze_plugin.errors import CommandError
+from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 
 _EPILOG = (
     "examples:\n"
@@ -34,7 +35,8 @@ _EPILOG = (
     "  bridge-freeze plan glm45v --tiny --param-dtype fp32 --optimizer sgd\n\n"
     "MODEL is a family name (bridge-freeze families) or a provider class name. Figures are for the\n"
     "whole model (tensor/pipeline/expert parallel size 1). The --json document is described in\n"
-    "docs/cli.md."
+    "docs/cli.md. A config.json is checked before the build (JSON object, model_type, positive sizes,\n"
+    "build size: --max-layer-blocks); each refusal names the file, the key and the fix."
 )
 
 
@@ -66,6 +68,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     est.add_argument("--dp-size", type=bounded_int(1), default=1,
                      help="data-parallel ranks the distributed optimizer shards optimizer state over, "
                           "at least 1 (default 1)")
+    plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0), default=DEFAULT_MAX_LAYER_BLOCKS,
+                      help="refuse an --hf-config whose build is larger than N layer blocks: layers x (1 + "
+                           f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about 4x the "
+                           "largest VLM families; 0: no limit), checked before anything is built")
     plan.add_argument("--json", action="store_true",
                       help="machine-readable output, including every parameter (schema: docs/cli.md)")
     finish_subcommand(plan, run)
@@ -151,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
     with quiet_third_party(logging.getLogger().getEffectiveLevel()):
         result = planning.plan_model(args.model, selection_from(args), assumptions, tiny=args.tiny,
-                                     hf_config=args.hf_config)
+                                     hf_config=args.hf_config, max_layer_blocks=args.max_layer_blocks)
     if args.json:
         out(result.to_json())
     else:

@@ -1,14 +1,16 @@
 """Plan a freeze before any GPU is involved: build the real Bridge model on the meta device and count.
 
 ``bridge-freeze plan`` uses this package: :mod:`.models` says which model (MODEL + ``--tiny`` /
-``--hf-config``), :mod:`.meta_build` builds it on PyTorch's meta device with the selection applied by the
-plugin's own freeze, and :mod:`.estimate` turns the per-parameter records into per-part counts and the
-weight, gradient-buffer and optimizer-state bytes a training run holds and freezing saves.
+``--hf-config``), :mod:`.config_checks` checks a ``config.json`` before anything is built, :mod:`.meta_build`
+builds the model on PyTorch's meta device with the selection applied by the plugin's own freeze, and
+:mod:`.estimate` turns the per-parameter records into per-part counts and the weight, gradient-buffer and
+optimizer-state bytes a training run holds and freezing saves.
 """
 
 from __future__ import annotations
 
 from bridge_freeze_plugin.errors import PlanError
+from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 from bridge_freeze_plugin.planning.estimate import (
     DTYPE_BYTES,
     OPTIMIZERS,
@@ -20,9 +22,16 @@ from bridge_freeze_plugin.planning.estimate import (
     make_plan,
 )
 from bridge_freeze_plugin.planning.meta_build import build_meta_model, plan_model
-from bridge_freeze_plugin.planning.models import config_file, hf_config_provider, resolve_model, tiny_provider
+from bridge_freeze_plugin.planning.models import (
+    config_file,
+    hf_config_provider,
+    load_hf_config,
+    resolve_model,
+    tiny_provider,
+)
 
 __all__ = [
+    "DEFAULT_MAX_LAYER_BLOCKS",
     "DTYPE_BYTES",
     "OPTIMIZERS",
     "SCHEMA_VERSION",
@@ -34,6 +43,7 @@ __all__ = [
     "build_meta_model",
     "config_file",
     "hf_config_provider",
+    "load_hf_config",
     "make_plan",
     "plan_model",
     "resolve_model",

@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
+from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 from bridge_freeze_plugin.planning.estimate import MemoryAssumptions, ParamInfo, Plan, make_plan
 from bridge_freeze_plugin.planning.models import (
-    config_file,
+    convert_hf_config,
     error_line,
-    hf_config_provider,
+    load_hf_config,
     resolve_model,
     tiny_provider,
 )
@@ -93,8 +95,9 @@ def build_meta_model(provider: Any, *, family_name: str, tiny_name: str | None =
             return provider.provide(pre_process=True, post_process=True)
 
 
-def _from_hf_config(model: str | None, family: FamilySpec | None, hf_config: str | os.PathLike[str]) -> _Chosen:
-    provider, config_path = hf_config_provider(hf_config)
+def _from_hf_config(model: str | None, family: FamilySpec | None, hf_config: Any, cfg_file: Path) -> _Chosen:
+    provider = convert_hf_config(hf_config, cfg_file)
+    config_path = str(cfg_file)
     found = family_for_provider(provider)
     if found is None:
         families = ", ".join(f.name for f in list_families())
@@ -110,17 +113,19 @@ def _from_hf_config(model: str | None, family: FamilySpec | None, hf_config: str
     return _Chosen(provider, found, "hf-config", config_path, None)
 
 
-def _choose(model: str | None, *, tiny: bool, hf_config: str | os.PathLike[str] | None) -> _Chosen:
+def _choose(
+    model: str | None, *, tiny: bool, hf_config: str | os.PathLike[str] | None, max_layer_blocks: int
+) -> _Chosen:
     if tiny == (hf_config is not None):
         raise PlanError("give exactly one of --tiny (the project's tiny test config) or --hf-config PATH")
     if model is None and tiny:
         raise PlanError("--tiny needs MODEL (a family or provider class name)")
     family = resolve_model(model) if model is not None else None
-    if hf_config is not None:
-        config_file(hf_config)  # a missing file fails before the (slow) Bridge import
+    if hf_config is not None:  # read and checked before the (slow) Bridge import
+        loaded, cfg_file = load_hf_config(hf_config, max_layer_blocks=max_layer_blocks)
+        bridge_runtime()
+        return _from_hf_config(model, family, loaded, cfg_file)
     bridge_runtime()
-    if hf_config is not None:
-        return _from_hf_config(model, family, hf_config)
     assert model is not None and family is not None
     provider, tiny_name = tiny_provider(model, family)
     return _Chosen(provider, family, "tiny", None, tiny_name)
@@ -133,14 +138,16 @@ def plan_model(
     *,
     tiny: bool = False,
     hf_config: str | os.PathLike[str] | None = None,
+    max_layer_blocks: int = DEFAULT_MAX_LAYER_BLOCKS,
 ) -> Plan:
     """Build ``model`` (family / provider class name) on the meta device with ``selection``; the plan.
 
     ``model`` may be ``None`` with ``hf_config``: the family is then the one of the converted provider.
+    ``max_layer_blocks``: refuse an ``hf_config`` whose build is larger (:mod:`.config_checks`; 0: no limit).
     """
     from bridge_freeze_plugin import make_freezable
 
-    chosen = _choose(model, tiny=tiny, hf_config=hf_config)
+    chosen = _choose(model, tiny=tiny, hf_config=hf_config, max_layer_blocks=max_layer_blocks)
     provider_name = provider_label(chosen.provider)
     make_freezable(chosen.provider, selection)
     started = time.perf_counter()

@@ -2,7 +2,7 @@
 
 A tiny provider comes from the project's CPU harness (:mod:`bridge_freeze_harness`, imported lazily; why it
 exists and who may import it is said there); an ``--hf-config`` provider is converted by Megatron-Bridge itself
-from a local ``config.json``.
+from a local ``config.json``, once :mod:`.config_checks` has checked it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
+from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS, check_hf_config, field_error
 from bridge_freeze_plugin.provider import provider_label
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
 
@@ -90,24 +91,30 @@ _CPU_FIELDS: dict[str, Any] = {
 }
 
 
-def hf_config_provider(path: str | os.PathLike[str]) -> tuple[Any, str]:
-    """A Bridge provider converted by Bridge itself (``AutoBridge``) from a local HF ``config.json``.
-
-    Returns ``(provider, config file)``. No weights, no hub access.
-    """
+def load_hf_config(
+    path: str | os.PathLike[str], *, max_layer_blocks: int = DEFAULT_MAX_LAYER_BLOCKS
+) -> tuple[Any, Path]:
+    """The checked (:mod:`.config_checks`) transformers config of a local ``config.json``; no Bridge, no hub."""
     cfg_file = config_file(path)
-    try:
-        from transformers import AutoConfig
+    doc = check_hf_config(cfg_file, max_layer_blocks=max_layer_blocks)
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
 
-        hf_config = AutoConfig.from_pretrained(str(cfg_file))
-    except (OSError, ValueError, KeyError) as exc:
+    try:
+        return AutoConfig.from_pretrained(str(cfg_file)), cfg_file
+    except StrictDataclassError as exc:
+        raise field_error(exc, doc, cfg_file) from exc
+    except Exception as exc:  # transformers' own reading of a config: any failure is the config's
         raise PlanError(f"cannot read {cfg_file} as a transformers config: {error_line(exc)}") from exc
+
+
+def convert_hf_config(hf_config: Any, cfg_file: Path) -> Any:
+    """A Bridge provider converted by Bridge itself (``AutoBridge``), set up for a CPU / meta build."""
     from megatron.bridge import AutoBridge
 
     try:
-        bridge = AutoBridge.from_hf_config(hf_config)
-        provider = bridge.to_megatron_provider(load_weights=False)
-    except (ValueError, KeyError, AttributeError, TypeError, NotImplementedError) as exc:
+        provider = AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False)
+    except Exception as exc:  # a conversion reads only the config: its failure is one readable line
         raise PlanError(f"Megatron-Bridge cannot convert {cfg_file}: {error_line(exc)}") from exc
     for name, value in _CPU_FIELDS.items():
         if hasattr(provider, name):
@@ -116,6 +123,18 @@ def hf_config_provider(path: str | os.PathLike[str]) -> tuple[Any, str]:
         provider.moe_token_dispatcher_type = "allgather"  # all-to-all creates a CUDA stream
     try:
         provider.finalize()
-    except (ValueError, AssertionError, AttributeError, TypeError) as exc:
+    except Exception as exc:
         raise PlanError(f"the provider converted from {cfg_file} does not validate: {error_line(exc)}") from exc
-    return provider, str(cfg_file)
+    return provider
+
+
+def hf_config_provider(
+    path: str | os.PathLike[str], *, max_layer_blocks: int = DEFAULT_MAX_LAYER_BLOCKS
+) -> tuple[Any, str]:
+    """A Bridge provider converted by Bridge itself (``AutoBridge``) from a local HF ``config.json``.
+
+    Returns ``(provider, config file)``. No weights, no hub access. Needs Bridge imported with the CPU harness
+    (:func:`bridge_freeze_plugin.planning.meta_build.bridge_runtime`).
+    """
+    hf_config, cfg_file = load_hf_config(path, max_layer_blocks=max_layer_blocks)
+    return convert_hf_config(hf_config, cfg_file), str(cfg_file)

@@ -1,0 +1,177 @@
+"""Check a local HF ``config.json`` before ``plan --hf-config`` converts and builds it.
+
+Each refusal is a :class:`~bridge_freeze_plugin.errors.PlanError` naming the file, the key and the fix:
+
+- the file itself: UTF-8 text, not empty, valid JSON, one JSON object at the top level;
+- ``model_type``: present, a string, and a type the installed transformers knows (no remote code runs);
+- the sizes the build reads (:data:`SIZE_KEYS`, at any depth): a positive integer when they are integers
+  (other wrong types are transformers' own field validation, translated by :func:`field_error`);
+- the size of the build: a meta-device build takes time in proportion to the modules it creates, about
+  one per layer and one per expert of a layer. :func:`layer_blocks` counts, over every (sub-)config,
+  layers x (1 + experts per layer); above ``max_layer_blocks`` (default :data:`DEFAULT_MAX_LAYER_BLOCKS`,
+  0: no limit) the plan is refused before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bridge_freeze_plugin.errors import PlanError
+
+#: Integer sizes the build reads: when one holds an integer, it must be positive (``null``: the default).
+SIZE_KEYS = frozenset({
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+    "moe_intermediate_size", "vocab_size", "head_dim", "depth", "num_heads", "out_hidden_size", "patch_size",
+    "num_layers",
+})
+#: Keys that count a stack's layers, and its routed experts per layer (an integer, or a list summed).
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "depth", "n_layers")
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
+
+#: Refuse a build above this many layer blocks (about 4x Kimi K2.5's 23,485: 61 layers x (384 + 1) + vision).
+#: Qwen3-VL-30B-A3B has 6,219 and builds in about 15 s on 2 cores; 100,000 is a couple of minutes.
+DEFAULT_MAX_LAYER_BLOCKS = 100_000
+
+
+def read_config(cfg_file: Path) -> dict[str, Any]:
+    """The JSON object in ``cfg_file``; a :class:`PlanError` for a file that is not one."""
+    raw = cfg_file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{cfg_file} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                        f"save config.json as UTF-8") from exc
+    if not text.strip():
+        raise PlanError(f"{cfg_file} is empty: give the model's config.json, one JSON object with its "
+                        f"model_type and sizes")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{cfg_file} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+                        f"fix the file; a config.json is one JSON object") from exc
+    if not isinstance(doc, dict):
+        raise PlanError(f"{cfg_file} holds a JSON {_json_kind(doc)} at the top level: a config.json is one "
+                        f'JSON object, {{"model_type": ..., ...}}; give the model\'s own config.json')
+    return doc
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+#: Where the families' model types are listed, for messages.
+_TYPES_HINT = "e.g. \"qwen3_vl_moe\"; `bridge-freeze families --json` lists each family's hf_model_types"
+
+
+def check_model_type(doc: dict[str, Any], cfg_file: Path) -> str:
+    """``model_type``: present, a string, known to the installed transformers."""
+    if "model_type" not in doc:
+        raise PlanError(f"{cfg_file} has no `model_type` key: add the model's Hugging Face type ({_TYPES_HINT})")
+    model_type = doc["model_type"]
+    if not isinstance(model_type, str):
+        raise PlanError(f"{cfg_file}: `model_type` is {json.dumps(model_type)}, not a string: write the model's "
+                        f"Hugging Face type as a string ({_TYPES_HINT})")
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        remote = " (its auto_map names remote code, which plan does not run)" if "auto_map" in doc else ""
+        raise PlanError(f"{cfg_file}: `model_type` {model_type!r} is not a model type transformers "
+                        f"{transformers.__version__} knows{remote}: fix `model_type` ({_TYPES_HINT}), or install a "
+                        f"transformers that has it")
+    return model_type
+
+
+def _walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every JSON object in the config, with its dotted path ("" for the top level)."""
+    yield path, node
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _walk(value, f"{path}{key}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_sizes(doc: dict[str, Any], cfg_file: Path) -> None:
+    """Every integer size the build reads is positive."""
+    for path, node in _walk(doc):
+        for key in sorted(SIZE_KEYS & node.keys()):
+            value = node[key]
+            if _is_int(value) and value < 1:
+                raise PlanError(f"{cfg_file}: `{path}{key}` is {value}, but a size must be a positive integer: "
+                                f"fix `{path}{key}` in config.json")
+
+
+def _experts(node: dict[str, Any]) -> int:
+    counts = [0]
+    for key in EXPERT_KEYS:
+        value = node.get(key)
+        if _is_int(value):
+            counts.append(max(value, 0))
+        elif isinstance(value, list):
+            counts.append(sum(max(v, 0) for v in value if _is_int(v)))
+    return max(counts)
+
+
+def layer_blocks(doc: dict[str, Any]) -> list[tuple[str, int]]:
+    """``(dotted layer key, layers x (1 + experts))`` for every stack of the config, largest first."""
+    blocks = []
+    for path, node in _walk(doc):
+        layers = [(node[key], key) for key in LAYER_KEYS if _is_int(node.get(key))]
+        if layers:
+            count, key = max(layers)
+            blocks.append((f"{path}{key}", max(count, 0) * (1 + _experts(node))))
+    return sorted(blocks, key=lambda item: -item[1])
+
+
+def check_build_size(doc: dict[str, Any], cfg_file: Path, max_layer_blocks: int) -> None:
+    """Refuse a config whose build would create more than ``max_layer_blocks`` layer blocks (0: no limit)."""
+    blocks = layer_blocks(doc)
+    total = sum(n for _, n in blocks)
+    if max_layer_blocks and total > max_layer_blocks:
+        where = ", ".join(f"`{key}`: {n:,}" for key, n in blocks[:3])
+        raise PlanError(
+            f"{cfg_file} would build {total:,} layer blocks (layers x (1 + experts), per stack: {where}), more "
+            f"than the limit of {max_layer_blocks:,} (a build takes time in proportion): check those keys, or "
+            f"raise the limit with --max-layer-blocks N (0: no limit)"
+        )
+
+
+def check_hf_config(cfg_file: Path, *, max_layer_blocks: int = DEFAULT_MAX_LAYER_BLOCKS) -> dict[str, Any]:
+    """All the checks above, in order; the config's JSON object."""
+    doc = read_config(cfg_file)
+    check_model_type(doc, cfg_file)
+    check_sizes(doc, cfg_file)
+    check_build_size(doc, cfg_file, max_layer_blocks)
+    return doc
+
+
+_FIELD = re.compile(r"field '([^']+)'")
+_CLASS = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
+
+
+def field_error(exc: Exception, doc: dict[str, Any], cfg_file: Path) -> PlanError:
+    """transformers' own field validation error, as one line naming the file, the key and the fix."""
+    text = str(exc)
+    found = _FIELD.search(text)
+    field = found.group(1) if found else "?"
+    cause = " ".join(line.strip() for line in text.splitlines()[1:] if line.strip()) or text
+    cause = _CLASS.sub(r"\1", cause.split(". Errors:", 1)[0])
+    paths = [f"{path}{field}" for path, node in _walk(doc) if field in node]
+    wrong = [p for p in paths if re.search(rf"value:? {re.escape(repr(_value_at(doc, p)))}(?![\w.])", text)]
+    keys = ", ".join(f"`{p}` = {json.dumps(_value_at(doc, p))}" for p in (wrong or paths or [field])[:3])
+    return PlanError(f"{cfg_file}: {keys} is not what transformers accepts ({cause}): fix the value in config.json")
+
+
+def _value_at(doc: dict[str, Any], dotted: str) -> Any:
+    node: Any = doc
+    for key in dotted.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node

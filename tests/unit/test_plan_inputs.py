@@ -1,0 +1,133 @@
+"""``plan --hf-config`` refuses a config.json it cannot build as one config error (exit 2, one line naming the
+file, the key and the fix), before anything is built: never exit 1 "unexpected error", never a build that runs
+for minutes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge_freeze_plugin.cli import main
+
+#: A tiny Qwen3-VL-MoE config.json: text 2 layers x 4 experts, vision depth 2.
+BASE = {
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+    "model_type": "qwen3_vl_moe",
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_vl_moe_text", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "vocab_size": 128, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 5000000,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        "tie_word_embeddings": False, "dtype": "bfloat16",
+    },
+    "vision_config": {
+        "model_type": "qwen3_vl_moe", "depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+        "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1], "in_channels": 3,
+        "hidden_act": "gelu_pytorch_tanh",
+    },
+}
+
+
+def _changed(path: str, value: object) -> dict:
+    """BASE with ``path`` (dotted) set to ``value``; ``value`` DELETE removes the key."""
+    doc = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node[key]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+DELETE = object()
+
+#: name -> (file content, what the one-line error must say besides the file name)
+CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
+    "top-level list": (b"[1, 2]", ("holds a JSON list at the top level", "one JSON object")),
+    "top-level string": (b'"qwen3_vl_moe"', ("holds a JSON string at the top level",)),
+    "empty": (b"", ("is empty",)),
+    "blank": (b"  \n", ("is empty",)),
+    "not UTF-8": (b'{"model_type": "qwen3_vl_moe", "x": "\xff"}', ("is not UTF-8 text (byte 0xff at offset 37)",
+                                                                    "save config.json as UTF-8")),
+    "invalid JSON": (b'{"model_type": ', ("is not valid JSON", "line 1 column 16")),
+    "missing model_type": (_changed("model_type", DELETE), ("has no `model_type` key", "add the model's")),
+    "numeric model_type": (_changed("model_type", 5), ("`model_type` is 5, not a string",)),
+    "unknown model_type": (_changed("model_type", "no_such_vlm"),
+                           ("`model_type` 'no_such_vlm' is not a model type transformers", "fix `model_type`")),
+    "string hidden_size": (_changed("text_config.hidden_size", "64"), ('`text_config.hidden_size` = "64" is not',
+                                                                        "expected int, got str", "fix the value")),
+    "float hidden_size": (_changed("text_config.hidden_size", 64.5), ("`text_config.hidden_size` = 64.5 is not",)),
+    "bool hidden_size": (_changed("text_config.hidden_size", True), ("`text_config.hidden_size` = true is not",)),
+    "string num_hidden_layers": (_changed("text_config.num_hidden_layers", "2"),
+                                 ('`text_config.num_hidden_layers` = "2" is not',)),
+    "null vocab_size": (_changed("text_config.vocab_size", None), ("`text_config.vocab_size` = null is not",)),
+    "string vision_config": (_changed("vision_config", "big"), ('`vision_config` = "big" is not',)),
+    "list text_config": (_changed("text_config", [1]), ("`text_config` = [1] is not",)),
+    "negative hidden_size": (_changed("text_config.hidden_size", -64),
+                             ("`text_config.hidden_size` is -64, but a size must be a positive integer",
+                              "fix `text_config.hidden_size`")),
+    "zero layers": (_changed("text_config.num_hidden_layers", 0), ("`text_config.num_hidden_layers` is 0",)),
+    "negative vision depth": (_changed("vision_config.depth", -1), ("`vision_config.depth` is -1",)),
+    "negative heads": (_changed("vision_config.num_heads", -4), ("`vision_config.num_heads` is -4",)),
+    # 10**6 layers x (4 experts + 1) + 2 vision layers: refused before any build, with the way out.
+    "a million layers": (_changed("text_config.num_hidden_layers", 10**6),
+                         ("would build 5,000,002 layer blocks", "`text_config.num_hidden_layers`: 5,000,000",
+                          "more than the limit of 100,000", "--max-layer-blocks N")),
+}
+
+
+def _write(tmp_path: Path, content: bytes | dict) -> Path:
+    path = tmp_path / "config.json"
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_config_is_one_config_error_naming_file_key_and_fix(tmp_path, capsys, case):
+    content, expected = CASES[case]
+    path = _write(tmp_path, content)
+    code = main(["plan", "--hf-config", str(path)])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"bridge-freeze plan: error: {path}"), lines[0]
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+
+
+def test_the_build_size_limit_is_exact_and_can_be_raised(tmp_path, capsys, cpu_bridge):
+    # BASE: text 2 layers x (4 experts + 1) = 10, vision depth 2 = 2: 12 layer blocks.
+    path = _write(tmp_path, BASE)
+    assert main(["plan", "--hf-config", str(path), "--max-layer-blocks", "11"]) == 2
+    assert "would build 12 layer blocks" in capsys.readouterr().err
+    assert main(["plan", "--hf-config", str(path), "--max-layer-blocks", "12", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"]["family"] == "qwen3_vl_moe" and doc["total"]["total"] > 0
+
+
+def test_no_limit_with_zero(tmp_path, capsys, cpu_bridge):
+    path = _write(tmp_path, BASE)
+    assert main(["plan", "--hf-config", str(path), "--max-layer-blocks", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["source"] == "hf-config"
+
+
+def test_max_layer_blocks_below_zero_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--hf-config", "x", "--max-layer-blocks", "-1"])
+    assert exit_info.value.code == 2
+    assert "argument --max-layer-blocks: must be an integer >= 0, got '-1'" in capsys.readouterr().err
