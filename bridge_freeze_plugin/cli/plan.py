@@ -70,8 +70,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                           "at least 1 (default 1)")
     plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0), default=DEFAULT_MAX_LAYER_BLOCKS,
                       help="refuse an --hf-config whose build is larger than N layer blocks: layers x (1 + "
-                           f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about 4x the "
-                           "largest VLM families; 0: no limit), checked before anything is built")
+                           f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about twice the "
+                           "largest family config, about 2 minutes; 0: no limit), checked before anything is built")
     plan.add_argument("--json", action="store_true",
                       help="machine-readable output, including every parameter (schema: docs/cli.md)")
     finish_subcommand(plan, run)

@@ -85,7 +85,7 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
     # 10**6 layers x (4 experts + 1) + 2 vision layers: refused before any build, with the way out.
     "a million layers": (_changed("text_config.num_hidden_layers", 10**6),
                          ("would build 5,000,002 layer blocks", "`text_config.num_hidden_layers`: 5,000,000",
-                          "more than the limit of 100,000", "--max-layer-blocks N")),
+                          "more than the limit of 50,000", "--max-layer-blocks N")),
 }
 
 
