@@ -24,6 +24,13 @@ from bridge_freeze_plugin.cli._common import (
     quiet_third_party,
     selection_from,
 )
+from bridge_freeze_plugin.cli.training_options import (
+    add_lora_options,
+    add_pattern_options,
+    make_lora,
+    refuse_nothing_to_train,
+    with_patterns,
+)
 from bridge_freeze_plugin.errors import CommandError
 from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 
@@ -32,7 +39,10 @@ _EPILOG = (
     "  bridge-freeze plan qwen3_vl --tiny --freeze-vision-model\n"
     "  bridge-freeze plan qwen3_vl_moe --hf-config /ckpt/Qwen3-VL-30B-A3B-Instruct --freeze-language-model\n"
     "  bridge-freeze plan Qwen3VLMoEModelProvider --hf-config config.json --dp-size 8 --json | jq '.total'\n"
-    "  bridge-freeze plan glm45v --tiny --param-dtype fp32 --optimizer sgd\n\n"
+    "  bridge-freeze plan glm45v --tiny --param-dtype fp32 --optimizer sgd\n"
+    "  bridge-freeze plan qwen3_vl --tiny --freeze-language-model --freeze-vision-model --lora-rank 8 "
+    "--lora-target-modules linear_qkv linear_proj\n"
+    "  bridge-freeze plan qwen3_vl --tiny --freeze-language-model --train 'language_model\\.decoder\\.layers\\.1'\n\n"
     "MODEL is a family name (bridge-freeze families) or a provider class name. Figures are for the\n"
     "whole model (tensor/pipeline/expert parallel size 1). The --json document is described in\n"
     "docs/cli.md. A config.json is checked before the build (JSON object, model_type, positive sizes,\n"
@@ -55,6 +65,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     source.add_argument("--hf-config", metavar="PATH",
                         help="a local HF config.json, or a model folder holding one (no hub access)")
     add_selection_flags(plan, demo=False)
+    add_pattern_options(plan)
+    add_lora_options(plan)
     est = plan.add_argument_group("memory estimate assumptions")
     dtypes = ["fp32", "bf16", "fp16"]
     est.add_argument("--param-dtype", choices=dtypes, default="bf16", help="weights (default bf16)")
@@ -125,13 +137,16 @@ def _print_table(result: Any) -> None:
     out(f"selection: {flags_line(result.selection)} ({result.selection.describe()})")
     out(f"assumes: {result.assumptions.describe()}")
     out()
-    out(f"  {'part':<18} {'trainable':>15} {'total':>15} {'weights':>11} {'grad buffer':>11} "
+    lora = total.count.adapter_tensors > 0
+    extra = f" {'full-rank':>15} {'adapters':>11}" if lora else ""
+    out(f"  {'part':<18} {'trainable':>15}{extra} {'total':>15} {'weights':>11} {'grad buffer':>11} "
         f"{'optimizer':>11} {'saved':>11}")
     for row in (*result.parts, total):
         name = row.count.part.value if row.count.part is not None else "total"
-        out(f"  {name:<18} {row.count.trainable:>15,} {row.count.total:>15,} {_human_bytes(row.weight_bytes):>11} "
-            f"{_human_bytes(row.grad_bytes):>11} {_human_bytes(row.optimizer_bytes):>11} "
-            f"{_human_bytes(row.saved_bytes):>11}")
+        split = f" {row.count.full_rank:>15,} {row.count.adapters:>11,}" if lora else ""
+        out(f"  {name:<18} {row.count.trainable:>15,}{split} {row.count.total:>15,} "
+            f"{_human_bytes(row.weight_bytes):>11} {_human_bytes(row.grad_bytes):>11} "
+            f"{_human_bytes(row.optimizer_bytes):>11} {_human_bytes(row.saved_bytes):>11}")
     full = total.saved_bytes + total.grad_bytes + total.optimizer_bytes
     pct = 100.0 * total.saved_bytes / full if full else 0.0
     out()
@@ -152,12 +167,17 @@ def run(args: argparse.Namespace) -> int:
         dp_size=args.dp_size,
     )
     _check_request(args)
+    selection = with_patterns(selection_from(args), args)
+    refuse_nothing_to_train(selection, args.lora_rank)
+    if args.lora_target_modules and not args.lora_rank:
+        raise CommandError("--lora-target-modules needs --lora-rank N (N > 0)")
     import torch  # noqa: F401  (first: torch and transformers set their loggers' levels on import,
     import transformers  # noqa: F401  so quiet_third_party must come after them)
 
     with quiet_third_party(logging.getLogger().getEffectiveLevel()):
-        result = planning.plan_model(args.model, selection_from(args), assumptions, tiny=args.tiny,
-                                     hf_config=args.hf_config, max_layer_blocks=args.max_layer_blocks)
+        result = planning.plan_model(args.model, selection, assumptions, tiny=args.tiny,
+                                     hf_config=args.hf_config, max_layer_blocks=args.max_layer_blocks,
+                                     lora=(lambda _provider: make_lora(args)) if args.lora_rank else None)
     if args.json:
         out(result.to_json())
     else:

@@ -118,15 +118,20 @@ class ParamInfo:
     trainable: bool
     numel: int
     shape: tuple[int, ...]
+    #: a LoRA adapter (added by the PEFT hook), not a base weight
+    adapter: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "part": self.part.value,
             "trainable": self.trainable,
             "numel": self.numel,
             "shape": list(self.shape),
         }
+        if self.adapter:
+            out["adapter"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,8 @@ class PlanPart:
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {} if self.count.part is None else {"part": self.count.part.value}
         out.update({key: getattr(self.count, key) for key in _COUNT_KEYS}, frozen=self.count.frozen)
+        if self.count.adapter_tensors:  # with LoRA: the trainable parameters that are adapters
+            out.update(adapters=self.count.adapters, adapter_tensors=self.count.adapter_tensors)
         out.update(
             weight_bytes=self.weight_bytes,
             grad_bytes=self.grad_bytes,
@@ -234,7 +241,7 @@ def make_plan(
     params = tuple(params)
     tally = PartTally()
     for p in params:
-        tally.add(p.part, p.numel, p.trainable)
+        tally.add(p.part, p.numel, p.trainable, adapter=p.adapter)
     return Plan(
         family=family,
         provider=provider,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,19 +41,41 @@ class _Chosen:
     tiny_name: str | None  # the tiny configuration (source "tiny" only)
 
 
-def collect_params(model: Any, family: FamilySpec) -> list[ParamInfo]:
-    """One record per (distinct) parameter of ``model`` (a module or list of chunks), by part."""
-    from bridge_freeze_plugin.build.classify import as_chunks, named_parameters
+def collect_params(model: Any, family: FamilySpec, base_names: frozenset[str] | None = None) -> list[ParamInfo]:
+    """One record per (distinct) parameter of ``model`` (a module or list of chunks), by part.
 
+    ``base_names``: the parameter names before a PEFT hook ran; a trainable parameter whose (unwrapped) name is
+    not among them is an adapter.
+    """
+    from bridge_freeze_plugin.build.adapters import base_name
+    from bridge_freeze_plugin.build.classify import Classifier, as_chunks, named_parameters
+
+    classifier = Classifier(family)
     seen: set[int] = set()
     out = []
     for _, name, param in named_parameters(as_chunks(model)):
         if id(param) in seen:
             continue
         seen.add(id(param))
-        part = family.classify(name) or Part.OTHER
-        out.append(ParamInfo(name, part, bool(param.requires_grad), int(param.numel()), tuple(param.shape)))
+        part = classifier.part_by_name(name) or Part.OTHER
+        trains = bool(param.requires_grad)
+        adapter = trains and base_names is not None and base_name(name) not in base_names
+        out.append(ParamInfo(name, part, trains, int(param.numel()), tuple(param.shape), adapter))
     return out
+
+
+def apply_lora(provider: Any, model: Any, lora: Any) -> tuple[Any, frozenset[str]]:
+    """Run ``lora`` over the meta-built model through the plugin's own pre-wrap hook chain (freeze, LoRA, its
+    full-rank parts, the guarantee), as a real build would; returns the model and its names before LoRA."""
+    import torch
+
+    from bridge_freeze_plugin.build.hooks import HookChain
+    from bridge_freeze_plugin.build.pipeline import preflight
+
+    before = frozenset(name for name, _ in model.named_parameters())
+    with torch.device("meta"):
+        (model,) = HookChain(provider, preflight(provider), [lora])([model])
+    return model, before
 
 
 def bridge_runtime() -> None:
@@ -74,8 +97,13 @@ def _build_context(family_name: str, tiny_name: str | None) -> Any:
     return cpu_build_context(family_name)
 
 
-def build_meta_model(provider: Any, *, family_name: str, tiny_name: str | None = None) -> Any:
+def build_meta_model(
+    provider: Any, *, family_name: str, tiny_name: str | None = None, lora: Any = None
+) -> tuple[Any, frozenset[str] | None]:
     """``provider.provide()`` under ``torch.device("meta")``: the real model class, no storage.
+
+    With ``lora`` (a PEFT object), it then runs through the plugin's pre-wrap hook chain, inside the same CPU
+    build context; returns the model and, with LoRA, its parameter names before LoRA.
 
     Initialisation is skipped (nothing to initialise on the meta device) and the provider builds
     with CPU-initialisation code paths, which create their tensors on the default (meta) device.
@@ -92,7 +120,10 @@ def build_meta_model(provider: Any, *, family_name: str, tiny_name: str | None =
 
             provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
         with torch.device("meta"):
-            return provider.provide(pre_process=True, post_process=True)
+            model = provider.provide(pre_process=True, post_process=True)
+        if lora is None:
+            return model, None
+        return apply_lora(provider, model, lora)
 
 
 def _from_hf_config(model: str | None, family: FamilySpec | None, hf_config: Any, cfg_file: Path) -> _Chosen:
@@ -139,11 +170,13 @@ def plan_model(
     tiny: bool = False,
     hf_config: str | os.PathLike[str] | None = None,
     max_layer_blocks: int = DEFAULT_MAX_LAYER_BLOCKS,
+    lora: Callable[[Any], Any] | None = None,
 ) -> Plan:
     """Build ``model`` (family / provider class name) on the meta device with ``selection``; the plan.
 
     ``model`` may be ``None`` with ``hf_config``: the family is then the one of the converted provider.
     ``max_layer_blocks``: refuse an ``hf_config`` whose build is larger (:mod:`.config_checks`; 0: no limit).
+    ``lora``: makes the PEFT object (called once Bridge is imported) whose adapters the plan counts.
     """
     from bridge_freeze_plugin import make_freezable
 
@@ -152,14 +185,16 @@ def plan_model(
     make_freezable(chosen.provider, selection)
     started = time.perf_counter()
     try:
-        built = build_meta_model(chosen.provider, family_name=chosen.family.name, tiny_name=chosen.tiny_name)
+        built, base_names = build_meta_model(chosen.provider, family_name=chosen.family.name,
+                                             tiny_name=chosen.tiny_name,
+                                             lora=None if lora is None else lora(chosen.provider))
     except BridgeFreezeError:
         raise
     except Exception as exc:  # a failing Bridge build becomes one readable line
         raise PlanError(f"building {provider_name} on the meta device failed: {error_line(exc)}") from exc
     seconds = time.perf_counter() - started
     return make_plan(
-        collect_params(built, chosen.family),
+        collect_params(built, chosen.family, base_names),
         family=chosen.family.name,
         provider=provider_name,
         selection=selection,

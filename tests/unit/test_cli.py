@@ -463,3 +463,42 @@ def test_check_config_invalid_json_still_reports_on_stdout(configs):
     assert out.returncode == 2
     doc = json.loads(out.stdout)
     assert doc["valid"] is False and "requires strategy=megatron" in doc["error"] and doc["selection"] is None
+
+
+def test_plan_shows_lora_adapters_next_to_a_full_rank_projection():
+    out = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model", "--lora-rank", "8",
+              "--lora-target-modules", "linear_qkv", "linear_proj", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    params = doc["parameters"]
+    adapters = {p["name"] for p in params if p.get("adapter")}
+    projection = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
+    assert adapters and all(".adapter.linear_" in n for n in adapters)
+    assert {p["name"] for p in params if p["trainable"]} == adapters | {p["name"] for p in params
+                                                                      if projection.match(p["name"])}
+    parts = {p["part"]: p for p in doc["parts"]}
+    assert parts["vision_projection"].get("adapters", 0) == 0
+    assert parts["language_model"]["adapters"] == parts["language_model"]["trainable"] > 0
+    assert doc["total"]["adapters"] == sum(p["numel"] for p in params if p.get("adapter"))
+    text = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model", "--lora-rank", "8",
+               "--lora-target-modules", "linear_qkv", "linear_proj")
+    assert text.returncode == 0 and "full-rank" in text.stdout and "adapters" in text.stdout
+
+
+def test_plan_refusals_for_lora_and_patterns():
+    overlap = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model", "--lora-rank", "8")
+    assert overlap.returncode == 2 and "vision_model.merger.linear_fc1.weight (wrapped by LoRA" in overlap.stderr
+    nothing = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model",
+                  "--freeze-vision-projection")
+    assert nothing.returncode == 2 and "nothing would train" in nothing.stderr
+    typo = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train", r"language_model\.decoder\.layer\.1")
+    assert typo.returncode == 2 and "language_model.decoder.layers" in typo.stderr  # the nearest real names
+
+
+def test_plan_train_pattern_adds_exactly_the_patterned_layer():
+    out = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train",
+              r"language_model\.decoder\.layers\.1", "--json")
+    assert out.returncode == 0, out.stderr
+    lm = [p for p in json.loads(out.stdout)["parameters"] if p["part"] == "language_model"]
+    assert {p["name"] for p in lm if p["trainable"]} == {
+        p["name"] for p in lm if p["name"].startswith("language_model.decoder.layers.1.")}
