@@ -38,8 +38,8 @@ def test_projection_only_qwen3_vl_through_ddp_on_cuda(nccl_world):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     import bridge_freeze_plugin  # noqa: F401  (activation)
-    from bridge_freeze_plugin import FreezeSelection, make_freezable
     from bridge_freeze_harness.tiny import family_module
+    from bridge_freeze_plugin import FreezeSelection, make_freezable
 
     provider = make_freezable(
         family_module("qwen3_vl").make_provider(use_cpu_initialization=False),
