@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
+
+from bridge_freeze_plugin.ranks import is_rank0
+
+logger = logging.getLogger("bridge_freeze_plugin")
 
 #: The Bridge modules that hold ``setup_optimizer`` (defined in the first, imported by name in the second).
 MODULES = ("megatron.bridge.training.optim", "megatron.bridge.training.setup")
@@ -33,8 +38,12 @@ def checked(original: Callable[..., Any]) -> Callable[..., Any]:
         provider = bound.arguments.get("optimizer_config_override_provider")
         if isinstance(provider, PartLROverrideProvider):
             optimizer, scheduler = result
-            verify_part_learning_rates(optimizer, bound.arguments["model"], provider.rates(),
-                                       optimizer_config=bound.arguments.get("optimizer_config"), scheduler=scheduler)
+            applied = verify_part_learning_rates(optimizer, bound.arguments["model"], provider.rates(),
+                                                 optimizer_config=bound.arguments.get("optimizer_config"),
+                                                 scheduler=scheduler)
+            if is_rank0():  # the per-part learning rates, once, next to the freeze report
+                logger.info("bridge-freeze: per-part learning rates applied: %s", ", ".join(
+                    f"{part} {peak:g} (min {low:g})" for part, (peak, low) in sorted(applied.items())))
         return result
 
     setup_optimizer.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ The distributed optimizer needs DDP's gradient buffers, which megatron-core allo
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -363,7 +364,7 @@ def test_lora_adapters_move_at_their_own_lr(lora_rig):
         _overrides(rig, config, lr_language_model=1e-4)
 
 
-def test_bridges_setup_optimizer_is_checked_automatically(rig, monkeypatch):
+def test_bridges_setup_optimizer_is_checked_automatically(rig, monkeypatch, caplog):
     """Bridge's ``megatron.bridge.training.optim`` cannot be imported here (it needs ``datasets``): a module of
     that name holding a ``setup_optimizer`` with Bridge's signature stands in for it, and activation wraps it
     as it wraps Bridge's. The stand-in builds the optimizer the way Bridge's does (overrides from the provider)
@@ -391,8 +392,10 @@ def test_bridges_setup_optimizer_is_checked_automatically(rig, monkeypatch):
     assert module.setup_optimizer is not setup_optimizer  # wrapped while active
     provider = PartLROverrideProvider(lr_vision_projection=2e-2)
     config = rig.config()
-    optimizer, _ = module.setup_optimizer(config, None, rig.chunks, optimizer_config_override_provider=provider)
+    with caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):
+        optimizer, _ = module.setup_optimizer(config, None, rig.chunks, optimizer_config_override_provider=provider)
     assert optimizer is not None
+    assert "per-part learning rates applied: vision_projection 0.02" in caplog.text  # the rank-0 line
     with pytest.raises(PartLearningRateError, match=r"lr_vision_projection=0\.02"):
         module.setup_optimizer(config, "ignore the provider", rig.chunks, optimizer_config_override_provider=provider)
     bfp.deactivate()
