@@ -18,6 +18,16 @@ from types import ModuleType
 
 from bridge_freeze_harness import _te_stub
 
+#: Provider fields with no CPU implementation (TransformerEngine / apex fusions): off for any CPU or meta build.
+CPU_FUSIONS_OFF: dict[str, bool] = {
+    "gradient_accumulation_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "masked_softmax_fusion": False,
+    "persist_layer_norm": False,
+    "apply_rope_fusion": False,
+}
+
 
 def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:

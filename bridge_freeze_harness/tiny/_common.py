@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness.cpu_runtime import CPU_FUSIONS_OFF
 from bridge_freeze_harness.patching import patched
 
 #: Language-model fields common to every tiny Megatron GPT-style text config.
@@ -26,12 +27,7 @@ TINY_LM: dict[str, Any] = {
     "bf16": False,
     "fp16": False,
     "use_cpu_initialization": True,
-    "gradient_accumulation_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "masked_softmax_fusion": False,
-    "persist_layer_norm": False,
-    "apply_rope_fusion": False,
+    **CPU_FUSIONS_OFF,
 }
 
 

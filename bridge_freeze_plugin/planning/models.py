@@ -71,14 +71,8 @@ def config_file(path: str | os.PathLike[str]) -> Path:
     return candidate
 
 
-#: Provider fields set for a CPU / meta build (no TE, no fused kernels, no CUDA streams, one rank).
+#: Provider fields set for a meta build besides the harness's CPU_FUSIONS_OFF (no grouped GEMM, one rank).
 _CPU_FIELDS: dict[str, Any] = {
-    "gradient_accumulation_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "masked_softmax_fusion": False,
-    "persist_layer_norm": False,
-    "apply_rope_fusion": False,
     "moe_grouped_gemm": False,
     "moe_permute_fusion": False,
     "tensor_model_parallel_size": 1,
@@ -116,7 +110,9 @@ def convert_hf_config(hf_config: Any, cfg_file: Path) -> Any:
         provider = AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False)
     except Exception as exc:  # a conversion reads only the config: its failure is one readable line
         raise PlanError(f"Megatron-Bridge cannot convert {cfg_file}: {error_line(exc)}") from exc
-    for name, value in _CPU_FIELDS.items():
+    from bridge_freeze_harness.cpu_runtime import CPU_FUSIONS_OFF
+
+    for name, value in {**CPU_FUSIONS_OFF, **_CPU_FIELDS}.items():
         if hasattr(provider, name):
             setattr(provider, name, value)
     if getattr(provider, "num_moe_experts", None):
