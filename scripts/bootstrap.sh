@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV="${BRIDGE_FREEZE_VENV:-.venv}"
 # Two stamps: the dependencies (a rebuild of the venv when they change) and the project's own packaging
 # (only a re-install of the project, seconds, when pyproject.toml / setup.py / the .pth line change).
-REQS=(requirements/constraints.txt requirements/base.txt requirements/megatron.txt requirements/dev.txt scripts/bootstrap.sh)
+REQS=(requirements/constraints.txt requirements/base.txt requirements/training.txt requirements/megatron.txt requirements/dev.txt scripts/bootstrap.sh)
 PROJECT=(pyproject.toml setup.py bridge_freeze_plugin.pth)
 want="$(cat "${REQS[@]}" | sha256sum | cut -c1-16)"
 want_project="$(cat "${PROJECT[@]}" | sha256sum | cut -c1-16)"
@@ -59,7 +59,7 @@ rm -rf "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # Every version comes from requirements/constraints.txt (the other requirements files only name packages).
 CONSTRAINTS=(-c requirements/constraints.txt)
-"${PIP[@]}" install "${CONSTRAINTS[@]}" -r requirements/base.txt -r requirements/dev.txt
+"${PIP[@]}" install "${CONSTRAINTS[@]}" -r requirements/base.txt -r requirements/training.txt -r requirements/dev.txt
 # The full megatron-bridge / megatron-core dependency trees do not install without CUDA; what they
 # import for building and training models is in base.txt. See README, "Set-up".
 "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps -r requirements/megatron.txt
