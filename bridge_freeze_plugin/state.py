@@ -13,10 +13,17 @@ What the plugin writes onto Bridge objects, each named and documented:
   defaulting to ``False``;
 - on every other Bridge provider class: ``provide`` / ``provide_distributed_model`` guards (each with
   ``__bridge_freeze_guarded__``) that raise when one of the three flags is set, since no family covers it;
-- on a provider **instance**: ``__bridge_freeze__`` (:class:`ProviderState`: the last report, whether
-  the recompute warning was given);
-- on a model **chunk**: ``__bridge_freeze__`` (:class:`ChunkState`: the selection applied, whether the
-  report was logged).
+- on a **parameter**: ``bridge_freeze_part``, its part's name (Megatron's own convention for parameter
+  marks, like ``allreduce`` or ``is_embedding_or_output_parameter``; ``state_dict()``, ``sharded_state_dict()``
+  and exports carry tensors, never these attributes).
+
+Nothing is written onto a provider **instance** or a model **chunk**. A Bridge provider *is* its model's
+config: Bridge copies it (``copy.copy``, ``deepcopy``), pickles it, walks its ``__dict__``
+(``remove_non_pickleables`` during HF export, ``to_cfg_dict`` for ``run_config.yaml``), compares and prints it.
+So what the plugin remembers per provider (:class:`ProviderState`: the last report, whether the recompute
+warning was given) and per chunk (:class:`ChunkState`: the selection applied, whether the report was
+logged) lives in :class:`IdentityTable` side tables here, keyed by the object's identity and dropped when
+the object is garbage-collected. A copy of a provider is a new provider with no report yet.
 
 Per-build state (which build is running, and its :class:`~bridge_freeze_plugin.build.context.BuildContext`)
 is per thread and per call (:mod:`bridge_freeze_plugin.build.pipeline`), never stored on the provider.
@@ -26,17 +33,15 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The attribute name used on provider instances and model chunks.
-ATTR = "__bridge_freeze__"
-
 
 @dataclass
 class ProviderState:
-    """What the plugin keeps on one provider instance."""
+    """What the plugin keeps for one provider instance (in :data:`PROVIDERS`, never on the provider)."""
 
     report: Any = None  # FreezeReport of the last build
     recompute_warned: bool = False
@@ -44,29 +49,59 @@ class ProviderState:
 
 @dataclass
 class ChunkState:
-    """What the plugin keeps on one built model chunk."""
+    """What the plugin keeps for one built model chunk (in :data:`CHUNKS`, never on the chunk)."""
 
     selection: Any  # FreezeSelection
     family: str
     reported: bool = False
 
 
+class IdentityTable:
+    """Values keyed by an object's identity, forgotten when the object is garbage-collected.
+
+    Unlike ``weakref.WeakKeyDictionary`` it needs no ``__hash__`` / ``__eq__`` (a dataclass provider has
+    ``__eq__`` by value and no hash; two equal providers are still two providers).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, obj: Any) -> Any:
+        entry = self._entries.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else None
+
+    def set(self, obj: Any, value: Any) -> None:
+        key = id(obj)
+
+        def forget(ref: weakref.ref[Any], key: int = key) -> None:
+            with self._lock:
+                if key in self._entries and self._entries[key][0] is ref:
+                    del self._entries[key]
+
+        with self._lock:
+            self._entries[key] = (weakref.ref(obj, forget), value)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def provider_state(provider: Any) -> ProviderState:
     """The provider's :class:`ProviderState` (created on first use)."""
-    state = provider.__dict__.get(ATTR)
-    if not isinstance(state, ProviderState):
+    state = STATE.providers.get(provider)
+    if state is None:
         state = ProviderState()
-        object.__setattr__(provider, ATTR, state)
+        STATE.providers.set(provider, state)
     return state
 
 
 def chunk_state(chunk: Any) -> ChunkState | None:
-    state = getattr(chunk, ATTR, None)
+    state = STATE.chunks.get(chunk)
     return state if isinstance(state, ChunkState) else None
 
 
 def set_chunk_state(chunk: Any, state: ChunkState) -> None:
-    object.__setattr__(chunk, ATTR, state)
+    STATE.chunks.set(chunk, state)
 
 
 @dataclass
@@ -90,6 +125,9 @@ class PluginState:
     original_defaults: dict[tuple[type, str], bool] = field(default_factory=dict)
     #: provider class -> its generated freezable subclass (:func:`~bridge_freeze_plugin.make_freezable`)
     generated: dict[type, type] = field(default_factory=dict)
+    #: provider instance -> :class:`ProviderState`; model chunk -> :class:`ChunkState` (by identity)
+    providers: IdentityTable = field(default_factory=IdentityTable)
+    chunks: IdentityTable = field(default_factory=IdentityTable)
 
 
 # A reload of this module (``importlib.reload``) runs it again in the same namespace: keep the objects
