@@ -14,6 +14,7 @@ untouched.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,11 @@ def full_rank_parts_of_model(model: Any) -> list[str]:
 
 
 def full_rank_parts_of_checkpoint(checkpoint: str | Path) -> list[str]:
-    """The parts a checkpoint's ``run_config.yaml`` trains at full rank next to LoRA (``[]`` if none / unknown)."""
+    """What a checkpoint's ``run_config.yaml`` trains at full rank next to LoRA (``[]`` if none / unknown).
+
+    Parts whose flag is false while another flag is set, and the train patterns (each a full-rank choice of
+    its own, whatever the flags): ``["vision_projection", "train_patterns=['...']"]``.
+    """
     import yaml
 
     path = Path(checkpoint).expanduser()
@@ -46,10 +51,16 @@ def full_rank_parts_of_checkpoint(checkpoint: str | Path) -> list[str]:
     except (OSError, yaml.YAMLError):
         return []
     model = run.get("model") or {}
-    flags = [model.get(flag) is True for flag in FLAGS]
-    if not run.get("peft") or not any(flags) or all(flags):
+    if not run.get("peft") or not isinstance(model, dict):
         return []
-    return [part.value for part, frozen in zip(SELECTABLE_PARTS, flags, strict=True) if not frozen]
+    flags = [model.get(flag) is True for flag in FLAGS]
+    parts = []
+    if any(flags) and not all(flags):
+        parts = [part.value for part, frozen in zip(SELECTABLE_PARTS, flags, strict=True) if not frozen]
+    patterns = model.get("train_patterns") or []
+    if isinstance(patterns, (list, tuple)) and patterns:
+        parts.append(f"the tensors matched by train_patterns={list(patterns)!r}")
+    return parts
 
 
 def _refuse(what: str, parts: Iterable[str]) -> None:
@@ -67,13 +78,25 @@ def _refuse(what: str, parts: Iterable[str]) -> None:
 def _guarded(
     name: str, original: Callable[..., Any], full_rank_parts: Callable[[Any], list[str]]
 ) -> Callable[..., Any]:
-    """``original`` (an AutoBridge method whose first argument is a model or a checkpoint), refusing first."""
+    """``original`` (an AutoBridge method whose first argument is a model or a checkpoint), refusing first.
+
+    The wrapper keeps Bridge's signature (``inspect.signature`` follows ``__wrapped__``): the model or
+    checkpoint is found by binding the call, so positional and keyword calls behave as Bridge's own do,
+    and a call Bridge would reject is left to Bridge to reject with its own error.
+    """
+    signature = inspect.signature(original)
+    source_name = list(signature.parameters)[1]  # after self: model / peft_checkpoint
 
     @functools.wraps(original)
-    def guarded(self: Any, source: Any, *args: Any, **kwargs: Any) -> Any:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)
+        source = bound.arguments.get(source_name)
         what = f"AutoBridge.{name}" if full_rank_parts is full_rank_parts_of_model else f"AutoBridge.{name}({source})"
         _refuse(what, full_rank_parts(source))
-        return original(self, source, *args, **kwargs)
+        return original(*args, **kwargs)
 
     guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
     return guarded
