@@ -35,10 +35,10 @@ from bridge_freeze_plugin.build.flags import FlagField
 from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.optim import setup_check
-from bridge_freeze_plugin.provider import is_plugin_class, resolve_family
+from bridge_freeze_plugin.provider import declared_default, is_plugin_class, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
-from bridge_freeze_plugin.selection import FLAGS
+from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, class_path
+from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
 from bridge_freeze_plugin.state import MISSING, STATE
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -152,11 +152,39 @@ _PROVIDER_BASE = ("megatron.bridge.models.model_provider", "ModelProviderMixin")
 def _guard(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        resolve_family(self)  # a flag set on a provider no family covers raises, before any build
+        if not _left_to_bridge(self):
+            resolve_family(self)  # a flag set on a provider no family covers raises, before any build
         return original(self, *args, **kwargs)
 
     guarded.__bridge_freeze_guarded__ = original  # type: ignore[attr-defined]
     return guarded
+
+
+def _left_to_bridge(provider: Any) -> bool:
+    """A provider no family covers, whose set flags are all its class's OWN fields: Bridge's freeze honours them.
+
+    (Bridge's MIMO, Qwen-Omni, Qwen2-Audio and Qwen3-ASR providers declare ``freeze_language_model`` and
+    apply it in their own ``provide()``.) The plugin lets that run, and says so once per class on rank 0: its
+    own table, guarantee and report do not cover such a provider. A flag the class does not declare, or a
+    pattern, is refused as before (nothing in Bridge would honour it).
+    """
+    selection = FreezeSelection.from_object(provider)
+    if not selection.any_set or selection.patterns:
+        return False
+    cls = type(provider)
+    if not all(declared_default(cls, flag) is not None for flag in selection.set_flags()):
+        return False
+    with STATE.lock:
+        first = cls not in STATE.left_to_bridge
+        STATE.left_to_bridge.add(cls)
+    if first and is_rank0():
+        logger.warning(
+            "bridge-freeze: no family covers %s; its own %s %s applied by Bridge's freeze, not checked by the "
+            "plugin (no table, guarantee or report). Register a family to have the plugin apply it.",
+            class_path(cls).replace(":", "."), ", ".join(f"{f}=True" for f in selection.set_flags()),
+            "is" if len(selection.set_flags()) == 1 else "are",
+        )
+    return True
 
 
 def _guard_uncovered_providers(_module: ModuleType) -> None:

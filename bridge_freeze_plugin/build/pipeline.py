@@ -25,6 +25,7 @@ from bridge_freeze_plugin.build.flags import flags_hidden
 from bridge_freeze_plugin.build.freeze import claim_report, freeze_chunks
 from bridge_freeze_plugin.build.hooks import HookChain, user_hooks
 from bridge_freeze_plugin.distributed import store_report
+from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.report import log_report
 from bridge_freeze_plugin.state import provider_state
@@ -101,7 +102,7 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     with _entered(provider, _Call(context, distributed, providing=True)), flags_hidden(provider):
         with errors_agreed(distributed):
             model = build(*args, **kwargs)
-    if context.family is None:
+    if context.family is None or not _is_module(model, provider, context):
         return model
     with errors_agreed(distributed):
         report, _ = freeze_chunks(model, context)
@@ -112,6 +113,24 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
         if claim_report(model):
             log_report(report)
     return model
+
+
+def _is_module(model: Any, provider: Any, context: BuildContext) -> bool:
+    """Whether ``provide()`` returned a torch module to freeze (a test double or a lazy stand-in need not).
+
+    With nothing asked, anything else passes through untouched, as without the plugin; with a flag or a
+    pattern set, it cannot be honoured, so it raises.
+    """
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return True
+    if context.selection.any_set:
+        raise UnsupportedFreezeFlagError(
+            f"{context.asked}: {type(provider).__name__}.provide() returned a {type(model).__name__}, not a torch "
+            f"module, so the selection cannot be applied to it. Build a real model, or unset the flags and patterns."
+        )
+    return False
 
 
 def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -1,7 +1,9 @@
 """Bridge providers that declare a freeze flag the plugin knows but that no family covers, and why.
 
 A flag set on one of these (or on any other provider no family covers) raises
-``UnsupportedFreezeFlagError`` before any model is built, naming the reason below. The list is data
+``UnsupportedFreezeFlagError`` before any model is built, naming the reason below, unless the provider's
+own class declares that flag: then Bridge's own freeze applies it, and the plugin says so once
+(``activation._left_to_bridge``). The list is data
 checked by a test against every provider class Bridge ships: a new Bridge provider with one of the three
 flags fails that test until it gets a family or a line here.
 """
@@ -16,8 +18,8 @@ UNSUPPORTED_PROVIDERS: dict[str, str] = {
     "megatron.bridge.models.qwen_omni.qwen25_omni_provider:Qwen25OmniModelProvider": _QWEN_OMNI,
     "megatron.bridge.models.qwen_omni.qwen3_omni_provider:Qwen3OmniModelProvider": _QWEN_OMNI,
     "megatron.bridge.models.qwen_audio.qwen2_audio_provider:Qwen2AudioModelProvider": (
-        "an audio-language model: it has no vision encoder or projection for the flags to choose; use "
-        "Bridge's own freeze_language_model / freeze_audio_* with the plugin opted out"
+        "an audio-language model: it has no vision encoder or projection for the flags to choose (its own "
+        "freeze_language_model and freeze_audio_* are applied by Bridge)"
     ),
     "megatron.bridge.models.qwen3_asr.qwen3_asr_provider:Qwen3ASRModelProvider": (
         "a speech-recognition model: no vision encoder or projection for the flags to choose"

@@ -16,7 +16,7 @@ import pickle
 import pytest
 import torch
 
-from bridge_freeze_harness.tiny import TINY_FAMILIES, build_tiny_chunks, make_provider
+from bridge_freeze_harness.tiny import TINY_FAMILIES, build_context, build_tiny_chunks, make_provider
 from bridge_freeze_plugin.provider import bridge_class
 from bridge_freeze_plugin.selection import FLAGS
 
@@ -173,3 +173,20 @@ def _flatten(tree, prefix=""):
     else:
         out[prefix.rstrip(".")] = tree
     return out
+
+
+def test_a_model_that_is_not_a_module_passes_through_when_nothing_is_asked(cpu_bridge, monkeypatch):
+    """Bridge's own provider tests stub the model class with a Mock: with no selection the plugin must not
+    touch what ``provide()`` returns; with a flag set it cannot be honoured, so it raises (never silently)."""
+    from unittest.mock import Mock
+
+    import bridge_freeze_plugin as bfp
+
+    built = Mock()
+    monkeypatch.setattr("megatron.bridge.models.qwen_vl.qwen3_vl_provider.Qwen3VLModel", Mock(return_value=built))
+    provider = make_provider("qwen3_vl")
+    with build_context("qwen3_vl"):
+        assert provider.provide(pre_process=True, post_process=True) is built
+        provider.freeze_vision_model = True
+        with pytest.raises(bfp.UnsupportedFreezeFlagError, match=r"freeze_vision_model=True.*not a torch module"):
+            provider.provide(pre_process=True, post_process=True)

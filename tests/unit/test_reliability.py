@@ -8,6 +8,7 @@ provider, defaults of subclasses defined while active, a reloaded activation mod
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import json
 import os
@@ -383,12 +384,45 @@ def test_every_bridge_provider_with_a_flag_is_covered_or_refused_by_name(cpu_bri
             assert hasattr(cls.provide, "__bridge_freeze_wrapped__"), cls
             continue
         why = re.escape(UNSUPPORTED_PROVIDERS[class_path(cls)])
+        own = {f.name for f in dataclasses.fields(cls)}
         for flag in bfp.FLAGS:
             provider = cls.__new__(cls)  # no config needed: the refusal comes before anything is read
             provider.__dict__[flag] = True
             for method in (provider.provide, provider.provide_distributed_model):
-                with pytest.raises(bfp.UnsupportedFreezeFlagError, match=why):
-                    method()
+                if flag in own:  # the class's own flag: Bridge's own freeze applies it, never our refusal
+                    with pytest.raises(Exception) as err:  # a config-less provider fails inside Bridge
+                        method()
+                    assert not isinstance(err.value, bfp.UnsupportedFreezeFlagError), (cls, flag)
+                else:
+                    with pytest.raises(bfp.UnsupportedFreezeFlagError, match=why):
+                        method()
+
+
+def test_a_providers_own_flag_is_left_to_bridges_freeze_and_said_once(cpu_bridge, caplog):
+    """MegatronMIMOProvider declares and applies freeze_language_model itself (issue 21: it was refused)."""
+    import logging
+
+    from megatron.bridge.models.megatron_mimo.megatron_mimo_provider import MegatronMIMOProvider
+
+    from bridge_freeze_plugin.state import STATE
+
+    STATE.left_to_bridge.discard(MegatronMIMOProvider)
+    calls = []
+    original = MegatronMIMOProvider.provide.__bridge_freeze_guarded__
+    provider = MegatronMIMOProvider.__new__(MegatronMIMOProvider)
+    provider.__dict__["freeze_language_model"] = True
+    with caplog.at_level(logging.WARNING, logger="bridge_freeze_plugin"):
+        for _ in range(2):
+            with pytest.raises(Exception) as err:  # reaches Bridge's own provide()
+                provider.provide()
+            calls.append(err.value)
+    assert not any(isinstance(e, bfp.UnsupportedFreezeFlagError) for e in calls)
+    said = [r.getMessage() for r in caplog.records if "MegatronMIMOProvider" in r.getMessage()]
+    assert len(said) == 1 and "freeze_language_model=True is applied by Bridge's freeze" in said[0]
+    assert callable(original)
+    provider.__dict__["freeze_vision_model"] = True  # not a MIMO field: nothing would honour it
+    with pytest.raises(bfp.UnsupportedFreezeFlagError, match="MegatronMIMOProvider"):
+        provider.provide()
 
 
 def test_a_text_provider_with_a_flag_refuses_instead_of_training_everything(cpu_bridge):
