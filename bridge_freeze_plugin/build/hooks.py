@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bridge_freeze_plugin.build import guarantee
+from bridge_freeze_plugin.build import guarantee, vision_recompute
 from bridge_freeze_plugin.build.adapters import hook_name
 from bridge_freeze_plugin.build.classify import Classifier
 from bridge_freeze_plugin.build.collective import run_agreed
@@ -90,6 +90,7 @@ class HookChain:
                 culprit = hook
         if classifier is not None:
             guarantee.check(model, self.context, classifier, culprit, adapters=adapters)
+            self.context = vision_recompute.after_hooks(model, self.provider, self.context)
         return model, classifier
 
     def __call__(self, model: Any) -> Any:
