@@ -12,7 +12,10 @@ other hooks such as plain LoRA decide):
   base parameter (a hook that replaced the weight) is not an adapter: it is the base weight, and must be
   frozen in a frozen part;
 - a trainable parameter a hook added that no prefix of the family covers (a new head) is a violation:
-  the plugin cannot tell which part it belongs to, so it cannot promise it was asked for.
+  the plugin cannot tell which part it belongs to, so it cannot promise it was asked for;
+- what a hook took away counts as much as what it added: a parameter a hook added that trained after that
+  hook (an adapter of a first PEFT hook) and is frozen at the end (a second PEFT hook froze the whole model
+  again) is a violation (:func:`lost`).
 """
 
 from __future__ import annotations
@@ -52,10 +55,24 @@ def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext,
     return "added by a hook and trains in a frozen part"
 
 
-def violations(model: Any, context: BuildContext, classifier: Classifier, *, adapters: bool = False) -> list[Violation]:
+def trained_additions(model: Any, classifier: Classifier) -> dict[int, str]:
+    """id -> name of every parameter the hooks added (the freeze never saw it) that trains now."""
+    return {id(p): n for _, n, p in named_parameters(model) if p.requires_grad and not classifier.known(p)}
+
+
+def lost(model: Any, added: dict[int, str]) -> list[Violation]:
+    """Parameters that trained after the hook that added them and are frozen now."""
+    return [Violation(name, False, "was added by a hook and trained after it, but a later hook froze it")
+            for _, name, param in named_parameters(model) if id(param) in added and not param.requires_grad]
+
+
+def violations(
+    model: Any, context: BuildContext, classifier: Classifier, *, adapters: bool = False,
+    added: dict[int, str] | None = None,
+) -> list[Violation]:
     if not context.selection.any_set:
         return []
-    found = []
+    found = lost(model, added or {})
     for _, name, param in named_parameters(model):
         why = _judge(name, param, classifier, context, adapters)
         if why is not None:
@@ -93,9 +110,10 @@ def describe(found: Sequence[Violation], context: BuildContext, culprit: Any | N
 
 
 def check(
-    model: Any, context: BuildContext, classifier: Classifier, culprit: Any | None, *, adapters: bool = False
+    model: Any, context: BuildContext, classifier: Classifier, culprit: Any | None, *, adapters: bool = False,
+    added: dict[int, str] | None = None,
 ) -> None:
     """Raise :class:`FreezeGuaranteeError` if the trainable set departs from the selection."""
-    found = violations(model, context, classifier, adapters=adapters)
+    found = violations(model, context, classifier, adapters=adapters, added=added)
     if found:
         raise FreezeGuaranteeError(describe(found, context, culprit), found)

@@ -77,6 +77,7 @@ class HookChain:
             _, classifier = freeze_chunks(model, self.context)
         culprit: Hook | None = None
         adapters = False  # a PEFT hook ran: trainable parameters it added are adapters
+        added: dict[int, str] = {}  # what hooks added and trained after them (a later hook must not freeze it)
         for hook in self.hooks:
             out = hook(model)
             model = model if out is None else out
@@ -86,10 +87,12 @@ class HookChain:
             if peft is not None:
                 adapters = True
                 after_peft(model, self.context, classifier, peft, hook_name(hook))
-            if culprit is None and guarantee.violations(model, self.context, classifier, adapters=adapters):
+            found = guarantee.violations(model, self.context, classifier, adapters=adapters, added=added)
+            if culprit is None and found:
                 culprit = hook
+            added.update(guarantee.trained_additions(model, classifier))
         if classifier is not None:
-            guarantee.check(model, self.context, classifier, culprit, adapters=adapters)
+            guarantee.check(model, self.context, classifier, culprit, adapters=adapters, added=added)
             self.context = vision_recompute.after_hooks(model, self.provider, self.context)
         return model, classifier
 
