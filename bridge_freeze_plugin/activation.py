@@ -209,8 +209,45 @@ def _guarding_init_subclass(cls: type, **kwargs: Any) -> None:
         original.__get__(None, cls)(**kwargs)
     else:
         super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
-    if STATE.active:
+    if not STATE.active:
+        return
+    if class_path(cls) in _registered_paths():
+        _patch_defined_class(cls)  # a family's provider class made anew (importlib.reload, exec, ...)
+    else:
         _guard_class(cls)
+
+
+def _registered_paths() -> set[str]:
+    return {path for spec in REGISTRY for path in spec.providers}
+
+
+def _patch_defined_class(cls: type) -> None:
+    """Patch a registered provider class while it is being made (from ``__init_subclass__``).
+
+    ``importlib.reload`` of a Bridge provider module, or any other route that defines a family's provider
+    class after activation, makes a NEW class object that the import-time patch never saw. It is patched
+    here, before ``@dataclass`` processes its body: the methods are wrapped, and each flag becomes a
+    :class:`FlagField` defaulting to ``False`` (``@dataclass`` reads that as the field's default, and keeps
+    the descriptor); the default the class body declared is remembered for the report.
+    """
+    with STATE.lock:
+        if cls in STATE.patched:
+            return
+        originals: dict[str, Any] = {}
+        for name, run in _METHODS:
+            current = getattr(cls, name)
+            if getattr(current, "__bridge_freeze_wrapped__", None) is None:
+                originals[name] = cls.__dict__.get(name, MISSING)
+                setattr(cls, name, _wrap(current, run))
+        annotations = inspect.get_annotations(cls)
+        for flag in FLAGS:
+            raw = cls.__dict__.get(flag, MISSING)
+            default = getattr(raw, "default", raw)  # a dataclasses.field(default=...) or the value itself
+            if flag in annotations and isinstance(default, bool):
+                STATE.original_defaults[(cls, flag)] = default
+            originals[flag] = raw
+            setattr(cls, flag, FlagField(False, flag))
+        STATE.patched[cls] = originals
 
 
 def _guard_adapter_exports(module: ModuleType) -> None:
