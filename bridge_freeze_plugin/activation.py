@@ -36,6 +36,7 @@ from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, prov
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.optim import setup_check
 from bridge_freeze_plugin.provider import declared_default, is_plugin_class, resolve_family
+from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
@@ -103,6 +104,9 @@ def deactivate() -> None:
         for func, flag, value in STATE.init_defaults:
             _set_function_default(func, flag, value)
         STATE.init_defaults.clear()
+        for cls, undo in STATE.fields_added.items():
+            remove_fields(cls, undo)
+        STATE.fields_added.clear()
         for cls, flag, fld, value in STATE.field_defaults:
             fld.default = value
             _restore_later_subclasses(cls, flag, fld, value)
@@ -248,6 +252,22 @@ def _patch_defined_class(cls: type) -> None:
             originals[flag] = raw
             setattr(cls, flag, FlagField(False, flag))
         STATE.patched[cls] = originals
+        _declare_plugin_fields(cls)
+
+
+def _declare_plugin_fields(cls: type) -> None:
+    """The plugin's fields in a class body ``@dataclass`` has not processed yet (it makes them fields)."""
+    annotations = vars(cls).get("__annotations__")
+    if annotations is None:
+        annotations = {}
+        type.__setattr__(cls, "__annotations__", annotations)
+    undo: dict[str, Any] = {}
+    for name, fld in PLUGIN_FIELDS.items():
+        if name not in annotations:
+            annotations[name] = fld.type
+            undo[name] = cls.__dict__.get(name, MISSING)
+            setattr(cls, name, fld.default)
+    STATE.patched[cls].update(undo)
 
 
 def _guard_adapter_exports(module: ModuleType) -> None:
@@ -321,6 +341,9 @@ def patch_provider_class(cls: type) -> None:
         for flag in FLAGS:
             _default_flag_to_false(cls, flag)
             _install_flag(cls, flag)
+        for klass in [cls, *_all_subclasses(cls)]:
+            if klass not in STATE.fields_added and not is_plugin_class(klass):
+                STATE.fields_added[klass] = add_fields(klass)
         logger.debug("bridge-freeze: patched %s.%s", cls.__module__, cls.__qualname__)
 
 

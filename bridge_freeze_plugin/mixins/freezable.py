@@ -43,6 +43,8 @@ class FreezableVLMProvider:
     #: ``run_config.yaml`` keeps them
     train_patterns: tuple[str, ...] = ()
     freeze_patterns: tuple[str, ...] = ()
+    #: full recompute where it breaks gradients: "fix" (turned off there) or "refuse" (see build.vision_recompute)
+    vision_recompute_policy: str = "fix"
 
     @property
     def freeze_selection(self) -> FreezeSelection:

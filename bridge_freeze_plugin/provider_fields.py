@@ -1,0 +1,91 @@
+"""The plugin's settings beyond the three flags, as dataclass fields of every patched provider class.
+
+The plugin reads from a provider the three flags (Bridge's own fields) and :data:`PLUGIN_FIELDS`: the train /
+freeze patterns and ``vision_recompute_policy``. Whatever it reads must round-trip through everything Bridge
+does with a provider: ``dataclasses.fields`` / ``asdict`` / ``replace``, ``ConfigContainer.to_cfg_dict`` ->
+``run_config.yaml`` -> Bridge's ``instantiate`` on resume. So activation adds them to each patched class as
+real fields (in ``__dataclass_fields__``, with class defaults), and gives the class's ``__init__`` keyword
+parameters for them (its ``__signature__`` says so, which is what Bridge's lenient ``instantiate`` reads).
+A ``run_config.yaml`` written with the plugin still loads without it: Bridge's lenient ``instantiate`` drops
+keys a class does not take, with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass
+class PluginFields:
+    """The source of the field definitions (and the defaults) added to patched provider classes."""
+
+    #: patterns refining the flags per parameter (see :class:`~bridge_freeze_plugin.FreezeSelection`)
+    train_patterns: tuple[str, ...] = ()
+    freeze_patterns: tuple[str, ...] = ()
+    #: what a full activation recompute that breaks gradients on this family gets: "fix" or "refuse"
+    vision_recompute_policy: str = "fix"
+
+
+#: name -> the dataclass Field (shared, never mutated) and its default.
+PLUGIN_FIELDS: dict[str, dataclasses.Field[Any]] = dict(PluginFields.__dataclass_fields__)  # type: ignore[arg-type]
+
+
+def add_fields(cls: type) -> dict[str, Any]:
+    """Add the plugin's fields to dataclass ``cls`` (in place); what to undo (see :func:`remove_fields`)."""
+    own = cls.__dict__.get("__dataclass_fields__")
+    if own is None:
+        return {}
+    undo: dict[str, Any] = {}
+    for name, fld in PLUGIN_FIELDS.items():
+        if name in own:
+            continue
+        undo[name] = cls.__dict__.get(name, _MISSING)
+        own[name] = fld
+        setattr(cls, name, fld.default)
+    init = cls.__dict__.get("__init__")
+    if undo and callable(init) and not hasattr(init, "__bridge_freeze_init__"):
+        undo["__init__"] = init
+        cls.__init__ = accepting_plugin_fields(init)  # type: ignore[misc]
+    return undo
+
+
+def remove_fields(cls: type, undo: dict[str, Any]) -> None:
+    own = cls.__dict__.get("__dataclass_fields__", {})
+    for name, value in undo.items():
+        if name == "__init__":
+            cls.__init__ = value  # type: ignore[misc]
+            continue
+        own.pop(name, None)
+        if value is _MISSING:
+            if name in cls.__dict__:
+                delattr(cls, name)
+        else:
+            setattr(cls, name, value)
+
+
+def accepting_plugin_fields(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` that also takes the plugin's fields as keyword arguments (and says so in its signature)."""
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        extra = {name: kwargs.pop(name) for name in PLUGIN_FIELDS if name in kwargs}
+        init(self, *args, **kwargs)
+        for name, value in extra.items():
+            setattr(self, name, value)
+
+    signature = inspect.signature(init)
+    params = list(signature.parameters.values())
+    var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+    params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=fld.default)
+               for name, fld in PLUGIN_FIELDS.items() if name not in signature.parameters]
+    __init__.__signature__ = signature.replace(parameters=params + var_kw)  # type: ignore[attr-defined]
+    __init__.__bridge_freeze_init__ = init  # type: ignore[attr-defined]
+    return __init__
+
+
+_MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "<missing>"})()

@@ -1,0 +1,93 @@
+"""Everything the plugin reads from a provider round-trips through Bridge's ``run_config.yaml`` (issue 22 item 10).
+
+The plugin reads the three flags (Bridge's own fields), the train / freeze patterns and
+``vision_recompute_policy``. On a PLAINLY imported provider (no ``make_freezable``), the patterns used to be
+plain attributes: Bridge's ``to_cfg_dict`` walks ``dataclasses.fields`` only, so a resumed run silently
+trained another set. Now they are fields of every patched class. A ``run_config.yaml`` written with the
+plugin also loads without it (Bridge's lenient ``instantiate`` drops the keys, with a warning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bridge_freeze_plugin as bfp
+from bridge_freeze_harness.tiny import TINY_FAMILIES, build_tiny_chunks, make_provider
+from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS
+
+
+def _round_trip(provider):
+    """What Bridge does with ``cfg.model``: to_dict + safe YAML (Bridge's representers), then instantiate."""
+    import yaml
+    from megatron.bridge.training.utils.config_utils import _ConfigContainerBase
+    from megatron.bridge.utils.instantiate_utils import InstantiationMode, instantiate
+    from megatron.training.config.yaml_utils import safe_yaml_representers
+
+    as_dict = _ConfigContainerBase._convert_value_to_dict(provider)
+    with safe_yaml_representers():
+        text = yaml.safe_dump(as_dict)
+    return as_dict, text, instantiate(yaml.safe_load(text), mode=InstantiationMode.LENIENT)
+
+
+@pytest.mark.parametrize("name", sorted(TINY_FAMILIES))
+def test_every_plain_provider_has_the_plugin_fields(cpu_bridge, name):
+    provider = make_provider(name)
+    names = {f.name for f in dataclasses.fields(provider)}
+    assert set(PLUGIN_FIELDS) <= names
+    assert (provider.train_patterns, provider.freeze_patterns, provider.vision_recompute_policy) == ((), (), "fix")
+
+
+def test_patterns_and_policy_on_a_plain_provider_survive_run_config(cpu_bridge):
+    layer_1 = r"language_model\.decoder\.layers\.1\..*"
+    provider = make_provider("qwen3_vl")
+    assert not isinstance(provider, bfp.FreezableVLMProvider)  # plainly imported, patched in place
+    provider.freeze_language_model = True
+    provider.freeze_vision_model = True
+    provider.train_patterns = [layer_1]
+    provider.vision_recompute_policy = "refuse"
+    as_dict, _, loaded = _round_trip(provider)
+    assert as_dict["train_patterns"] == [layer_1] and as_dict["vision_recompute_policy"] == "refuse"
+    assert type(loaded) is type(provider)
+    assert list(loaded.train_patterns) == [layer_1] and loaded.vision_recompute_policy == "refuse"
+    trained = {n for c in build_tiny_chunks("qwen3_vl", provider=loaded) for n, p in c.named_parameters()
+               if p.requires_grad}
+    names = {n for c in build_tiny_chunks("qwen3_vl", provider=make_provider("qwen3_vl")) for n, _ in
+             c.named_parameters()}
+    expected = {n for n in names if n.startswith(("vision_model.merger.", "vision_model.decoder.deepstack_merger_list.",
+                                                  "language_model.decoder.layers.1."))}
+    assert trained == expected
+
+
+def test_dataclasses_replace_and_keyword_construction_take_the_plugin_fields(cpu_bridge):
+    provider = make_provider("qwen3_vl")
+    again = dataclasses.replace(provider, freeze_patterns=[r"language_model\.embedding\..*"])
+    assert list(again.freeze_patterns) == [r"language_model\.embedding\..*"]
+    fresh = type(provider)(num_layers=2, hidden_size=64, num_attention_heads=4, train_patterns=["x"])
+    assert fresh.train_patterns == ["x"]
+
+
+def test_a_run_config_written_with_the_plugin_loads_without_it(cpu_bridge, tmp_path):
+    provider = make_provider("qwen3_vl")
+    provider.train_patterns = [r"vision_model\.merger\..*"]
+    _, text, _ = _round_trip(provider)
+    (tmp_path / "model.yaml").write_text(text)
+    script = textwrap.dedent(f"""
+        import logging, yaml
+        from bridge_freeze_harness.cpu_runtime import import_bridge
+        import_bridge()
+        from megatron.bridge.utils.instantiate_utils import InstantiationMode, instantiate
+        import sys
+        assert "bridge_freeze_plugin" not in sys.modules
+        loaded = instantiate(yaml.safe_load(open({str(tmp_path / 'model.yaml')!r})), mode=InstantiationMode.LENIENT)
+        assert not hasattr(loaded, "train_patterns"), "the plugin must not be loaded here"
+        print("LOADED", type(loaded).__name__)
+    """)
+    env = {"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LOADED Qwen3VLModelProvider" in done.stdout
