@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from bridge_freeze_plugin.config.family import import_target
+from bridge_freeze_plugin.config.family import import_target, importable_target
 from bridge_freeze_plugin.config.reading import RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.provider import resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection, Part
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -154,11 +154,14 @@ def supported_provider(s: RunSettings) -> FamilySpec | None:
     if cls is not None:
         return resolve_family(cls, s.selection)
     supported = ", ".join(f.name for f in list_families())
+    why = ("it cannot be imported here to look for a covered base class" if importable_target(target.value)
+           else "a config's _target_ is imported only from Megatron-Bridge's own modules, never other code, so a "
+                "covered base class cannot be looked for")
     raise UnsupportedFreezeFlagError(
         f"{flag_list(s.selection, s.flags_key)} was set on the provider {target.written}, but no bridge-freeze "
-        f"family covers this class (and it cannot be imported here to look for a covered base class), so the flag "
-        f"cannot be honoured. Supported families: {supported}. Unset the flag, or register the model's family "
-        "with bridge_freeze_plugin.register_family(...)."
+        f"family covers this class ({why}), so the flag cannot be honoured. Supported families: {supported}. "
+        "Unset the flag, name the family if the class extends a covered provider (--family NAME, family=... in "
+        "code), or register the model's family with bridge_freeze_plugin.register_family(...)."
     )
 
 
@@ -185,35 +188,62 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
     return note
 
 
-def _target_module(target: str) -> str | None:
-    """The module a full-name LoRA target certainly reaches into (its literal head), or ``None`` (a leaf name)."""
+#: Characters that make a LoRA target more than a wildcard path (Bridge compiles a target as a regular expression,
+#: ``*`` -> ``(.*)``): with one of them, which modules it reaches is for the build to say.
+_REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
+
+
+def lora_target_parts(target: str, family: FamilySpec) -> frozenset[Part | None] | None:
+    """The parts whose modules a LoRA target can reach, as Bridge matches targets; ``None``: the config cannot tell.
+
+    Bridge (``ModuleMatcher.match``) puts an adapter on a module whose own name equals the target, or whose full
+    name matches it with ``*`` standing for any text. A target without a ``.`` is a leaf name, found in any
+    part: only the built model tells. A full name reaches the names that start with its literal head (the text
+    before the first ``*``): the part of the longest family prefix that head lies under, and every part with a
+    prefix that begins with the head. (``.`` is read as the separator it stands for in module names.) ``None`` in
+    the set: names under no prefix.
+    """
+    if "." not in target or _REGEX_CHARACTERS & set(target):
+        return None
+    if "*" not in target:
+        return frozenset({family.classify(target)})
     head = target.split("*", 1)[0]
-    if "." not in head:
-        return None  # a leaf name ("linear_qkv"): the config cannot tell which parts have such modules
-    return head.rsplit(".", 1)[0] if not head.endswith(".") else head.rstrip(".")
+    prefixes = [(prefix, part) for part in (*SELECTABLE_PARTS, Part.OTHER) for prefix in family.prefixes(part)]
+    above = [(prefix, part) for prefix, part in prefixes if head.startswith(prefix + ".")]
+    base = max(above, key=lambda item: len(item[0]))[1] if above else None
+    return frozenset({base, *(part for prefix, part in prefixes if prefix.startswith(head))})
 
 
 def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None) -> list[str]:
-    """A full-name LoRA target (``language_model.*linear_qkv``) inside a part trained at full rank: an overlap.
+    """A LoRA target that can only reach modules of a part trained at full rank: an overlap the build refuses.
 
-    Leaf-name targets (Bridge's defaults among them) can only be checked against the built model: the build
-    raises ``LoraOverlapError`` before training for those.
+    Refused only when certain (the target reaches that part alone, and no freeze pattern could make its tensors
+    frozen), so the config never refuses what the build accepts. A target that may also reach a full-rank part
+    (``vision_model.*linear_qkv`` next to a full-rank ``vision_model.merger``), a leaf name (Bridge's defaults), or
+    a run with freeze patterns is checked against the built model: the build raises ``LoraOverlapError`` before
+    training if adapters land on a full-rank parameter (logged here as a warning).
     """
     targets = s.lora.target_modules
     if family is None or not s.lora.enabled or not s.selection.any_set or not targets:
         return []
-    full_rank = {p.value for p in s.selection.trained_parts()}
-    found = []
+    full_rank = {p for p in s.selection.trained_parts()}
+    found, maybe = [], []
     for target in ([targets] if isinstance(targets, str) else list(targets)):
-        module = _target_module(str(target))
-        if module is None:
+        parts = lora_target_parts(str(target), family)
+        if parts is None or not parts & full_rank:
             continue
-        inside = family.classify(module)  # the part holding that module, or parts below it
-        parts = {inside.value} if inside is not None else set()
-        parts |= {part for part in full_rank if any(p.startswith(module + ".") for p in family.prefixes(Part(part)))}
-        hit = sorted(parts & full_rank)
-        if hit:
-            found.append(f"{target!r} (in {', '.join(hit)})")
+        (only,) = parts if len(parts) == 1 else (None,)
+        if only is not None and not s.selection.freeze_patterns:
+            found.append(f"{target!r} (in {only.value})")
+        else:
+            maybe.append(f"{target!r} (may reach {', '.join(sorted(p.value for p in parts & full_rank))})")
+    if maybe and is_rank0():
+        logger.warning(
+            "bridge-freeze: LoRA target_modules %s: adapters there may land on parameters trained at full rank; "
+            "whether they do depends on the model's module names, so the build checks it (LoraOverlapError "
+            "before training if they do). bridge-freeze plan MODEL --lora-rank N --lora-target-modules ... shows it.",
+            ", ".join(maybe),
+        )
     if not found:
         return []
     return [

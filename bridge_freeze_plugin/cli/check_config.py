@@ -3,7 +3,10 @@
 The config is the file (optional: the trainer's normal form is a command line over its defaults), its
 Hydra defaults list, the layout's defaults and the overrides (``key=v``, ``+key=v``, ``++key=v``,
 ``~key``); the layout is detected from it (``--layout`` / ``--rl`` force one, and must agree). Every
-applied override is echoed, and every setting the rules read is listed with where it came from.
+applied override is echoed, and every setting the rules read is listed with where it came from: the flags,
+the patterns, the per-part learning rates, LoRA's targets. The summary says what trains as the flags and
+patterns together decide it. ``--json`` prints its document whatever happens, a file that fails while
+being read included (then ``valid`` is false and what could not be read is null).
 """
 
 from __future__ import annotations
@@ -15,15 +18,23 @@ from typing import Any
 
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
 from bridge_freeze_plugin.config.layouts import LAYOUTS
-from bridge_freeze_plugin.errors import CommandError, InvalidFreezeConfigError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS, FreezeSelection
+from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
+from bridge_freeze_plugin.optim.settings import LR_KEYS
+from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, SELECTABLE_PARTS, FreezeSelection
 
 _OPERATIONS = {"set": "sets", "add": "adds", "force": "adds or sets", "delete": "deletes"}
 
 
+def _exists(file: str) -> bool:
+    try:
+        return Path(file).exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: not a file
+        return False
+
+
 def _file_and_overrides(file: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
     """FILE is optional: a first argument written as an override (``key=value``, ``+key...``, ``~key``) is one."""
-    if file is None or Path(file).exists() or not ("=" in file or file.startswith(("+", "~"))):
+    if file is None or not ("=" in file or file.startswith(("+", "~"))) or _exists(file):
         return file, list(overrides)
     return None, [file, *overrides]
 
@@ -35,14 +46,44 @@ def _layout_option(args: argparse.Namespace) -> str | None:
 
 
 def _settings(checked: Any) -> list[tuple[str, Any, str]]:
-    """(key, value, source) of every setting the rules read, the flags first."""
+    """(key, value, source) of every setting the rules read: the flags, the patterns, the per-part learning
+    rates (those set), then the other settings."""
     s, loaded = checked.settings, checked.loaded
     rows = [(f"{s.flags_key}.{flag}", getattr(s.selection, flag), loaded.source(f"{s.flags_key}.{flag}"))
             for flag in FLAGS]
+    rows += [(f"{s.flags_key}.{key}", list(getattr(s.selection, key)), loaded.source(f"{s.flags_key}.{key}"))
+             for key in PATTERN_KEYS]
+    rates = s.learning_rates.as_dict() if s.learning_rates else {}
+    rows += [(f"{s.learning_rates_key}.{key}", rates[key], loaded.source(f"{s.learning_rates_key}.{key}"))
+             for key in LR_KEYS if key in rates]
     others = [s.strategy, s.language_model_only, s.lora_rank, *s.recompute, s.provider_target,
               *(peer for _, peer in s.peers)]
     rows += [(o.key, o.value, o.source) for o in others if o is not None and o.key is not None]
+    if s.lora.enabled:
+        key = f"{checked.layout.lora}.target_modules"
+        targets = s.lora.target_modules
+        rows.append((key, list(targets) if isinstance(targets, tuple) else targets, loaded.source(key)))
     return rows
+
+
+def _parts(selection: FreezeSelection) -> tuple[list[str], list[str], dict[str, str]]:
+    """(parts that train whole, parts frozen whole, part -> how the patterns decide it per tensor).
+
+    A freeze pattern can only freeze tensors of a part its flag trains; a train pattern can only train tensors
+    of a part its flag freezes. Which tensors they match is known once the model is built.
+    """
+    trained, frozen, per_tensor = [], [], {}
+    for part in SELECTABLE_PARTS:
+        if part in selection.trained_parts():
+            if selection.freeze_patterns:
+                per_tensor[part.value] = "trains, less the tensors a freeze pattern matches"
+            else:
+                trained.append(part.value)
+        elif selection.train_patterns:
+            per_tensor[part.value] = "frozen, but the tensors a train pattern matches train"
+        else:
+            frozen.append(part.value)
+    return trained, frozen, per_tensor
 
 
 def _family_line(checked: Any) -> str:
@@ -53,17 +94,33 @@ def _family_line(checked: Any) -> str:
 
 
 def _doc(args: argparse.Namespace, checked: Any, file: str | None, overrides: list[str]) -> dict[str, Any]:
+    s = checked.settings
     return {
-        "schema_version": 1,
-        "config": file,
+        **_empty_doc(file, overrides),
         "layout": checked.layout.name,
         "layout_reason": checked.loaded.layout_reason,
-        "overrides": overrides,
         "composed": list(checked.loaded.composed),
         "layout_defaults": list(checked.loaded.defaulted),
-        "family": checked.settings.family.name if checked.settings.family else None,
+        "family": s.family.name if s.family else None,
         "settings": {key: {"value": value, "source": source} for key, value, source in _settings(checked)},
+        "patterns": s.selection.patterns_dict(),
+        "learning_rates": {p.part: {"lr": p.lr, "min_lr": p.min_lr}
+                           for p in (s.learning_rates.parts if s.learning_rates else ())},
     }
+
+
+def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
+    """The document's keys, each null (or empty) until known: what a config that fails while read prints."""
+    return {
+        "schema_version": 1, "config": file, "overrides": overrides, "layout": None, "layout_reason": None,
+        "composed": [], "layout_defaults": [], "family": None, "settings": None, "patterns": None,
+        "learning_rates": None, "valid": False, "error": None, "error_type": None, "selection": None,
+        "trained_parts": None, "frozen_parts": None, "pattern_parts": None, "adjustments": None,
+    }
+
+
+def _print_json(doc: dict[str, Any]) -> None:
+    out(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
 
 def _print_header(checked: Any, file: str | None, overrides: list[str]) -> None:
@@ -115,32 +172,43 @@ def run(args: argparse.Namespace) -> int:
     from bridge_freeze_plugin import validation
 
     file, overrides = _file_and_overrides(args.file, list(args.overrides))
-    checked = validation.load_run(file, overrides, layout=_layout_option(args), family=args.family)
-    doc = _doc(args, checked, file, overrides)
-    if not args.json:
-        _print_header(checked, file, overrides)
+    doc = _empty_doc(file, overrides)
     try:
+        checked = validation.load_run(file, overrides, layout=_layout_option(args), family=args.family)
+        doc = _doc(args, checked, file, overrides)
+        if not args.json:
+            _print_header(checked, file, overrides)
         selection = checked.validate()
-    except (InvalidFreezeConfigError, UnsupportedFreezeFlagError) as exc:
-        if args.json:
-            out(json.dumps({**doc, "valid": False, "error": one_line(str(exc)), "selection": None,
-                             "trained_parts": None, "frozen_parts": None, "adjustments": None},
-                            indent=2, sort_keys=True, default=str))
+        return _print_valid(args, doc, checked, selection)
+    except Exception as exc:
+        if args.json:  # the document, whatever failed (reading the file included); the error on stderr too
+            kind = "" if isinstance(exc, BridgeFreezeError) else "unexpected error: "
+            _print_json({**doc, "valid": False, "error": kind + one_line(str(exc)), "error_type": type(exc).__name__})
         raise
-    return _print_valid(args, doc, checked, selection)
 
 
 def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, selection: FreezeSelection) -> int:
-    trained = [p.value for p in SELECTABLE_PARTS if p in selection.trained_parts()]
-    frozen = [p.value for p in SELECTABLE_PARTS if p in selection.frozen_parts()]
+    trained, frozen, per_tensor = _parts(selection)
     adjusted = checked.adjustments()
     if args.json:
-        out(json.dumps({**doc, "valid": True, "error": None, "selection": selection.as_dict(),
-                         "trained_parts": trained, "frozen_parts": frozen, "adjustments": adjusted},
-                        indent=2, sort_keys=True, default=str))
+        _print_json({**doc, "valid": True, "selection": selection.as_dict(), "trained_parts": trained,
+                     "frozen_parts": frozen, "pattern_parts": per_tensor, "adjustments": adjusted})
         return EXIT_OK
-    out(f"selection ({checked.settings.flags_key}): {flags_line(selection)}")
-    out(f"trains: {', '.join(trained) or 'nothing but LoRA adapters'}; frozen: {', '.join(frozen) or 'nothing'}")
+    s = checked.settings
+    out(f"selection ({s.flags_key}): {flags_line(selection)}")
+    if selection.patterns:
+        out(f"patterns ({s.flags_key}): " + " ".join(
+            f"{key}={json.dumps(values)}" for key, values in selection.patterns_dict().items() if values))
+    if per_tensor:
+        out(f"trains: {', '.join(trained) or 'no part whole'}; frozen: {', '.join(frozen) or 'no part whole'}; "
+            "decided per tensor by the patterns (when the model is built; bridge-freeze plan lists the tensors): "
+            + "; ".join(f"{part}: {how}" for part, how in per_tensor.items()))
+    else:
+        out(f"trains: {', '.join(trained) or 'nothing but LoRA adapters'}; frozen: {', '.join(frozen) or 'nothing'}")
+    if s.lora.enabled:
+        out(f"LoRA: rank {s.lora.rank}, its adapters train too")
+    rates = s.learning_rates.describe() if s.learning_rates else "every part on the global schedule"
+    out(f"learning rates ({s.learning_rates_key}): {rates}")
     for note in adjusted:
         out(f"adjusted when the model is built: {note}")
     out("OK: valid")

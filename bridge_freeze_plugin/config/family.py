@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 from bridge_freeze_plugin.errors import UnknownFamilyError
@@ -33,8 +35,36 @@ def family_from_model_path(path: str | os.PathLike[str] | None) -> FamilySpec | 
     return REGISTRY.for_hf_model_type(model_type) if isinstance(model_type, str) else None
 
 
+#: The only modules a config's ``_target_`` may make this process import: Megatron-Bridge's own (its providers).
+#: Anything else is compared by name against the registry, never imported: a config must not run code.
+_IMPORTABLE = "megatron.bridge."
+#: The plugin's generated freezable subclasses (``make_freezable``): their name encodes the provider class.
+_GENERATED = "bridge_freeze_plugin.mixins.generated."
+
+
+def _decoded(target: str) -> str | None:
+    """The provider class path (``module:QualName``) a generated freezable subclass name encodes, if it is one."""
+    if not target.startswith(_GENERATED):
+        return None
+    from bridge_freeze_plugin.mixins.generated import _PREFIX, _decode
+
+    name = target[len(_GENERATED):]
+    _, sep, token = name.rpartition("_x")
+    return _decode(token) if name.startswith(_PREFIX) and sep else None
+
+
 def family_from_target(target: str) -> FamilySpec | None:
-    """The family of a provider class path as Bridge writes it (``pkg.module.ClassName``), without importing it."""
+    """The family of a provider class path as Bridge writes it (``pkg.module.ClassName``), without importing it.
+
+    Names are compared with the registry's provider classes; a generated freezable subclass
+    (``bridge_freeze_plugin.mixins.generated.Freezable...``) is read as the provider class its name encodes.
+    """
+    decoded = _decoded(target)
+    if decoded is not None:
+        try:
+            return REGISTRY.find(decoded)
+        except UnknownFamilyError:
+            return None
     module, _, name = target.rpartition(".")
     try:
         return REGISTRY.find(f"{module}:{name}")
@@ -42,12 +72,37 @@ def family_from_target(target: str) -> FamilySpec | None:
         return None
 
 
+def importable_target(target: str) -> str | None:
+    """The dotted class path a ``_target_`` may be imported as, or ``None`` (with the reason logged).
+
+    Only Megatron-Bridge's own modules, and only a path Bridge's own ``_target_`` rules would accept: dotted
+    identifiers, no private segment (``_x``). A generated freezable subclass stands for the class it encodes.
+    """
+    decoded = _decoded(target)
+    dotted = decoded.replace(":", ".") if decoded is not None else target
+    segments = dotted.split(".")
+    if not dotted.startswith(_IMPORTABLE) or not all(s.isidentifier() for s in segments) or any(
+            s.startswith("_") for s in segments):
+        logger.debug("bridge-freeze: not importing %r: a config's _target_ is imported only from Megatron-Bridge's "
+                     "own modules (%s*), never other code", target, _IMPORTABLE)
+        return None
+    return dotted
+
+
 def import_target(target: str) -> type | None:
-    """The provider class a ``_target_`` names, or ``None`` when it cannot be imported here."""
-    module, _, name = target.rpartition(".")
+    """The provider class a ``_target_`` names, or ``None`` when it cannot (or may not) be imported here.
+
+    Imports nothing outside Megatron-Bridge's own modules (:func:`importable_target`): a config must never make
+    this process run code of its choosing. Whatever the import prints goes to stderr (stdout is the result).
+    """
+    dotted = importable_target(target)
+    if dotted is None:
+        return None
+    module, _, name = dotted.rpartition(".")
     try:
-        found = getattr(importlib.import_module(module), name, None)
+        with contextlib.redirect_stdout(sys.stderr):
+            found = getattr(importlib.import_module(module), name, None)
     except Exception as exc:  # noqa: BLE001 - any import failure means "cannot tell here"
-        logger.debug("bridge-freeze: cannot import %s: %s", target, exc)
+        logger.debug("bridge-freeze: cannot import %s: %s", dotted, exc)
         return None
     return found if isinstance(found, type) else None

@@ -14,9 +14,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.config.layouts import Layout
-from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError
-from bridge_freeze_plugin.optim.settings import LR_KEYS, read_part_learning_rates
+from bridge_freeze_plugin.config.layouts import Layout, plugin_sections
+from bridge_freeze_plugin.config.loading import FOUND, brief, lookup
+from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError, PartLearningRateError
+from bridge_freeze_plugin.optim.settings import LR_KEYS, looks_like_lr_key, read_part_learning_rates
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, FreezeSelection
 
@@ -97,8 +98,10 @@ class RunSettings:
     peers: tuple[tuple[str, Setting], ...] = ()
     #: malformed settings next to the flags (rejected only when a flag is set)
     malformed: tuple[str, ...] = field(default_factory=tuple)
-    #: per-part learning rates (``lr_<part>`` / ``min_lr_<part>`` next to the flags; empty: the global schedule)
+    #: per-part learning rates (``lr_<part>`` / ``min_lr_<part>``; empty: the global schedule)
     learning_rates: Any = None
+    #: the section the learning rates were read from (next to the flags; Bridge: its optimizer override provider)
+    learning_rates_key: str | None = None
 
 
 def plain(node: Any, key: str) -> Any:
@@ -107,13 +110,20 @@ def plain(node: Any, key: str) -> Any:
         try:
             return OmegaConf.to_container(node, resolve=True)
         except OmegaConfBaseException as exc:
-            raise InvalidFreezeConfigError(f"cannot resolve {key}: {exc}") from exc
+            raise InvalidFreezeConfigError(f"cannot resolve {key}: {brief(exc)}") from exc
+        except RecursionError:
+            raise InvalidFreezeConfigError(f"cannot resolve {key}: it nests, or refers to itself, too deep") from None
     return node
 
 
 def select(cfg: Any, key: str) -> Any:
-    """``cfg[key]`` for a dotted key, ``None`` when any level is missing (or null)."""
+    """``cfg[key]`` for a dotted key, ``None`` when any level is missing (or null).
+
+    A level above the key that holds something other than a mapping (``megatron_config: 5``, a list) is an
+    error naming it: the key cannot be there, and reading it as unset would drop what the user wrote.
+    """
     node: Any = cfg
+    done: list[str] = []
     for part in key.split("."):
         if isinstance(node, DictConfig):
             if part not in node:
@@ -121,14 +131,25 @@ def select(cfg: Any, key: str) -> Any:
             try:
                 node = node[part]
             except OmegaConfBaseException as exc:
-                raise InvalidFreezeConfigError(f"cannot resolve {key}: {exc}") from exc
+                raise InvalidFreezeConfigError(f"cannot resolve {key}: {brief(exc)}") from exc
+            except RecursionError:
+                raise InvalidFreezeConfigError(f"cannot resolve {key}: it refers to itself") from None
         elif isinstance(node, Mapping):
             node = node.get(part)
         else:
-            return None
+            where = ".".join(done)
+            raise InvalidFreezeConfigError(
+                f"{where} must be a mapping of settings (it holds {key}), got {brief(repr(plain(node, where)))} "
+                f"({type_label(plain(node, where))}); write it as {where}: {{...}}"
+            )
+        done.append(part)
         if node is None:
             return None
     return plain(node, key)
+
+
+def type_label(value: Any) -> str:
+    return "a list" if isinstance(value, list | tuple) else type(value).__name__
 
 
 def section(cfg: Any, key: str) -> Mapping[str, Any]:
@@ -136,7 +157,10 @@ def section(cfg: Any, key: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise InvalidFreezeConfigError(f"{key} must be a mapping of settings, got {value!r}")
+        raise InvalidFreezeConfigError(
+            f"{key} must be a mapping of settings, got {brief(repr(value))} ({type_label(value)}); write it as "
+            f"{key}: {{...}}"
+        )
     return value
 
 
@@ -149,7 +173,7 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
             f"{where}.{key} must be a boolean (true or false), got {as_yaml(value)!r} "
             f"({type(value).__name__}); write {where}.{key}=true or {where}.{key}=false", True,
         )
-    if key in LR_KEYS or key.startswith(("lr_", "min_lr_")):
+    if key in LR_KEYS or looks_like_lr_key(key):
         return None  # per-part learning rates: read and checked by optim.settings.read_part_learning_rates
     if key in PATTERN_KEYS:
         items = [value] if isinstance(value, str) else value
@@ -213,6 +237,11 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
         malformed.append(f"{key} must be a non-negative integer (0: LoRA off), got {as_yaml(rank)!r}")
         return LoraSettings(), Setting(rank, key, source(key))
     target = lora.get("target_modules")
+    if target is not None and not isinstance(target, str) and not (
+            isinstance(target, list) and all(isinstance(t, str) for t in target)):
+        malformed.append(f"{layout.lora}.target_modules must be a module name or a list of them, got "
+                         f"{brief(repr(target))} ({type_label(target)})")
+        target = None
     settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
                             target_modules=tuple(target) if isinstance(target, list) else target)
     return settings, Setting(rank, key, source(key))
@@ -229,15 +258,96 @@ def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting
     return tuple(out)
 
 
+def _plugin_key(key: str) -> str | None:
+    """``"flag"`` for a freeze flag or pattern key (or a near-misspelling of a flag), ``"lr"`` for a key shaped
+    like a per-part learning rate, else ``None``."""
+    if key in FLAGS or key in PATTERN_KEYS or difflib.get_close_matches(key.lower(), FLAGS, n=1,
+                                                                         cutoff=_MISSPELLING_CUTOFF):
+        return "flag"
+    return "lr" if looks_like_lr_key(key) else None
+
+
+def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
+    """Flags, patterns and learning rates written where ``layout``'s runs never read them (they would be dropped).
+
+    Every section any layout reads them from is looked at; only the chosen layout's own sections are read.
+    Keys only, nothing resolved.
+    """
+    problems = []
+    for where in plugin_sections():
+        state, node, _ = lookup(cfg, where) if isinstance(cfg, DictConfig) else (FOUND, select(cfg, where), where)
+        keys = _keys(node) if state == FOUND else ()
+        for key in keys:
+            kind = _plugin_key(key)
+            if kind == "flag" and where not in (layout.flags, layout.reference_flags):
+                problems.append(
+                    f"{where}.{key} is not read in the {layout.title} layout, so the run would ignore it: the "
+                    f"flags and patterns go under {layout.flags}. Write {layout.flags}.{key} instead"
+                )
+            elif kind == "lr" and where == layout.reference_flags:
+                problems.append(
+                    f"{where}.{key}: the reference model never trains, so a learning rate there never applies. "
+                    f"Remove it; per-part learning rates of the policy go under {layout.lr_section}"
+                )
+            elif kind == "lr" and where != layout.lr_section:
+                problems.append(f"{where}.{key} is not read in the {layout.title} layout, so the run would "
+                                f"ignore it{_lr_home(layout, where, key)}")
+    return problems
+
+
+def _keys(node: Any) -> tuple[str, ...]:
+    if isinstance(node, DictConfig):
+        if node._is_none() or node._is_missing() or node._is_interpolation():
+            return ()
+        return tuple(str(k) for k in node.keys())
+    return tuple(str(k) for k in node) if isinstance(node, Mapping) else ()
+
+
+def _lr_home(layout: Layout, where: str, key: str) -> str:
+    if not layout.learning_rates_targets:
+        return f": per-part learning rates go under {layout.lr_section}. Write {layout.lr_section}.{key} instead"
+    target = layout.learning_rates_targets[0]
+    provider = target.rpartition(".")[2]
+    what = ("a learning rate written on the model provider is never applied" if where == layout.flags
+            else "per-part learning rates are not read there")
+    return (f": {what}. A Megatron-Bridge run takes per-part learning rates from its optimizer override "
+            f"provider: write {layout.lr_section}: {{_target_: {target}, {key}: ...}} (in code: "
+            f"cfg.{layout.lr_section} = {provider}({key}=...))")
+
+
+def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The mapping the layout's runs read per-part learning rates from (an applied one only)."""
+    if layout.lr_section == layout.flags:
+        return flags
+    lrs = section(cfg, layout.lr_section)
+    if not layout.learning_rates_targets:
+        return lrs
+    asked = [str(k) for k, v in lrs.items() if looks_like_lr_key(k) and v is not None]
+    target = lrs.get("_target_")
+    if target in layout.learning_rates_targets:
+        return lrs
+    if asked:
+        raise PartLearningRateError(
+            f"{layout.lr_section}.{asked[0]} is set, but {layout.lr_section}._target_ is {as_yaml(target)}, which "
+            f"applies no per-part learning rate, so it would never apply. Set {layout.lr_section}._target_: "
+            f"{layout.learning_rates_targets[0]}"
+        )
+    return {}
+
+
 def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> RunSettings:
     """Every value the rules read from ``cfg`` in ``layout``; ``source(key)`` says where a key's value came from.
 
-    Raises at once for a flag that is not a boolean or an unknown freeze key (policy or reference model);
-    a malformed neighbouring setting is kept in :attr:`RunSettings.malformed`.
+    Raises at once for a flag that is not a boolean or an unknown freeze key (policy or reference model), and
+    for a flag, pattern or learning rate written where this layout's runs never read it; a malformed
+    neighbouring setting is kept in :attr:`RunSettings.malformed`.
     """
     source = source or (lambda key: IN_CONFIG)
     if not isinstance(cfg, (DictConfig, Mapping)):
         raise TypeError(f"expected an OmegaConf DictConfig or a mapping, got {type(cfg).__name__}")
+    misplaced = misplaced_keys(cfg, layout)
+    if misplaced:
+        raise InvalidFreezeConfigError(join_problems(misplaced))
     flags = section(cfg, layout.flags)
     selection = read_selection(flags, where=layout.flags, known=layout.other_freeze_keys)
     reference = None
@@ -249,9 +359,10 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
     lmo = _bool_setting(cfg, layout.language_model_only, source, malformed)
     lora, rank = _lora(cfg, layout, source, malformed)
     target = select(cfg, layout.provider_target) if layout.provider_target else None
-    # Per-part learning rates live next to the flags (lr_<part>, min_lr_<part>): checked as they are read.
-    learning_rates = read_part_learning_rates(flags, where=layout.flags, frozen=selection.frozen_parts(),
-                                              lora=lora.enabled)
+    # Per-part learning rates (lr_<part>, min_lr_<part>): next to the flags, or (Bridge) on the optimizer
+    # override provider; checked as they are read.
+    learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, flags), where=layout.lr_section,
+                                              frozen=selection.frozen_parts(), lora=lora.enabled)
     return RunSettings(
         layout=layout.name,
         selection=selection,
@@ -269,4 +380,5 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
         peers=_peers(cfg, layout, source),
         malformed=tuple(malformed),
         learning_rates=learning_rates,
+        learning_rates_key=layout.lr_section,
     )

@@ -16,13 +16,21 @@ from omegaconf import DictConfig, OmegaConf
 from bridge_freeze_plugin.config import layouts
 from bridge_freeze_plugin.config.compose import compose
 from bridge_freeze_plugin.config.layouts import Layout
-from bridge_freeze_plugin.config.loading import Override, Provenance, apply_overrides, read_yaml_file
+from bridge_freeze_plugin.config.loading import (
+    BLOCKED,
+    FOUND,
+    Override,
+    Provenance,
+    apply_overrides,
+    check_depth,
+    lookup,
+    read_yaml_file,
+)
 from bridge_freeze_plugin.config.reading import IN_CONFIG
 from bridge_freeze_plugin.errors import ConfigLoadError
 
 #: The source of a key the config does not have (its value is the rules' "unset").
 NOT_WRITTEN = "not written"
-_ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,7 @@ class LoadedConfig:
 
     def source(self, key: str) -> str:
         """Where ``key``'s value came from; ``not written`` when the config does not have the key."""
-        if OmegaConf.select(self.cfg, key, default=_ABSENT) is _ABSENT:
+        if lookup(self.cfg, key)[0] != FOUND:
             return NOT_WRITTEN
         return self.provenance.source(key) or IN_CONFIG
 
@@ -58,6 +66,7 @@ def load(path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = 
     else:
         cfg, composed = compose(read_yaml_file(file), file.parent, file.name, provenance)
     cfg, parsed = apply_overrides(cfg, overrides, provenance)
+    check_depth(cfg, "the config (file, defaults list and overrides together)")
     return LoadedConfig(cfg, provenance, parsed, file, composed)
 
 
@@ -68,44 +77,53 @@ def _what(loaded: LoadedConfig) -> str:
 
 
 def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layout, str]:
-    """The layout: detected from the config; ``forced`` must agree with what the file shows."""
+    """The layout: detected from the config, weighing all its evidence; ``forced`` must not contradict the file.
+
+    A forced layout is refused when the file has keys that decide another layout and none that decide it;
+    whatever evidence it outweighs is said in the reason.
+    """
     top = OmegaConf.to_container(loaded.cfg, resolve=False)
     assert isinstance(top, dict)
     if forced is None:
         layout, why = layouts.detect(top, _what(loaded))
         return layout, f"detected: {why}"
     layout = layouts.get(forced)
-    try:
-        seen, why = layouts.detect(top, _what(loaded))
-    except ConfigLoadError:
-        return layout, "forced with --layout"
-    if seen is not layout:
+    found = layouts.evidence(top)
+    own = found.get(layout.name)
+    deciding = [e for e in found.values() if e.decides and e.layout is not layout]
+    if deciding and (own is None or not own.decides):
+        seen = deciding[0]
         raise ConfigLoadError(
-            f"{_what(loaded)} is written in the {seen.title} layout ({why}), not the {layout.title} layout asked "
-            f"for; the {layout.title} keys ({layout.flags}...) would read nothing. Drop the layout option "
-            f"(it is detected), or give a {layout.title} config"
+            f"{_what(loaded)} is written in the {seen.layout.title} layout ({seen.why()}), not the {layout.title} "
+            f"layout asked for; the {layout.title} keys ({layout.flags}...) would read nothing. Drop the layout "
+            f"option (it is detected), or give a {layout.title} config"
         )
-    return layout, "forced with --layout (and the file agrees)"
+    others = [e for e in found.values() if e.layout is not layout]
+    reason = "forced with --layout" + (f" (the file agrees: {own.why()})" if own is not None else "")
+    if others:
+        reason += "; conflicting evidence, overruled: " + "; ".join(
+            f"{e.why()} suggests the {e.layout.title} layout" for e in others)
+    return layout, reason
 
 
 def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConfig:
-    """``loaded`` with the layout's defaults filled in where nothing wrote the key."""
+    """``loaded`` with the layout's defaults filled in where nothing wrote the key.
+
+    A default fills a key only when the key is absent and every level above it is a mapping or absent: a
+    level the user wrote as something else (``megatron_config: 5``, a list, null, an interpolation) is the
+    user's value, kept for the reading to judge, never overwritten.
+    """
     cfg = loaded.cfg.copy()
     filled = []
     for key, value in layout.defaults.items():
-        if OmegaConf.select(cfg, key, default=None) is None and not _written_null(cfg, key):
-            OmegaConf.update(cfg, key, value, force_add=True)
-            loaded.provenance.record(key, value, f"default of the {layout.title} layout")
-            filled.append(key)
+        state, node, _ = lookup(cfg, key)
+        if state == BLOCKED or (state == FOUND and not node._is_missing()):
+            continue  # a value the user wrote (null included: the user's value, not a gap)
+        OmegaConf.update(cfg, key, value, force_add=True)
+        loaded.provenance.record(key, value, f"default of the {layout.title} layout")
+        filled.append(key)
     return LoadedConfig(cfg, loaded.provenance, loaded.overrides, loaded.path, loaded.composed, layout, reason,
                         tuple(filled))
-
-
-def _written_null(cfg: DictConfig, key: str) -> bool:
-    """Whether the config itself writes ``key: null`` (then null is the user's value, not a gap)."""
-    parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-    return isinstance(node, DictConfig) and leaf in node and node._get_node(leaf)._is_none()
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()) -> DictConfig:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,16 +101,67 @@ def _number(value: Any, key: str) -> float:
     return number
 
 
-def _misspelt(section: Mapping[str, Any], prefix: str) -> None:
+#: A key shaped like a learning rate: ``lr_...`` / ``min_lr_...`` / ``learning_rate_...``, or ``..._lr`` /
+#: ``..._learning_rate`` (any case, ``-`` or ``_``). Such a key in a section that holds per-part learning rates is
+#: one of :data:`LR_KEYS`, or an error: it would otherwise be ignored.
+_LR_SHAPE = re.compile(r"^(min[_-]?)?(lr|learning[_-]?rate)[_-]|[_-](lr|learning[_-]?rate)$", re.IGNORECASE)
+#: Words users write for a part (after ``lr_``), and the part they mean.
+_PART_WORDS: dict[str, str] = {
+    **dict.fromkeys(("vision", "visual", "vit", "vision_encoder", "vision_tower", "image_encoder", "encoder",
+                     "vision_model", "vision_models", "visual_encoder"), "vision_model"),
+    **dict.fromkeys(("projector", "projection", "proj", "mm_projector", "merger", "connector", "vision_proj",
+                     "multi_modal_projector", "mlp_projector", "vision_projector", "vision_projection"),
+                    "vision_projection"),
+    **dict.fromkeys(("llm", "lm", "language", "text", "decoder", "backbone", "language_model", "text_model"),
+                    "language_model"),
+    **dict.fromkeys(("lora", "adapter", "adapters", "peft", "lora_adapters"), ADAPTERS),
+}
+_FILLER = frozenset({"lr", "min", "learning", "rate", "max", "peak"})
+
+
+#: The global schedule's own names: not per-part keys, never refused as unknown ones.
+_GLOBAL_LR_KEYS = frozenset({"lr", "min_lr"})
+
+
+def looks_like_lr_key(key: object) -> bool:
+    """Whether ``key`` is shaped like a per-part learning-rate key (:data:`LR_KEYS` are the ones that are read)."""
+    return isinstance(key, str) and key not in _GLOBAL_LR_KEYS and (
+        key in LR_KEYS or _LR_SHAPE.search(key) is not None)
+
+
+def suggest_lr_key(key: str) -> str | None:
+    """The per-part learning-rate key ``key`` most likely means (``lr_llm`` -> ``lr_language_model``), if any."""
+    low = key.lower().replace("-", "_")
+    if low in LR_KEYS:
+        return low
+    tokens = [t for t in low.split("_") if t]
+    kind = "min_lr" if "min" in tokens else "lr"
+    words = "_".join(t for t in tokens if t not in _FILLER)
+    part = _PART_WORDS.get(words)
+    if part is None and words:
+        close = difflib.get_close_matches(words, [*LR_PARTS, *_PART_WORDS], n=1, cutoff=0.75)
+        part = _PART_WORDS.get(close[0], close[0]) if close else None
+    if part is not None:
+        return f"{kind}_{part}"
+    close = difflib.get_close_matches(low, LR_KEYS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _unknown_keys(section: Mapping[str, Any], prefix: str) -> None:
+    """Every key shaped like a learning rate that names no part is refused (it would be ignored), with a guess."""
+    problems = []
     for key in section:
-        if not isinstance(key, str) or key in LR_KEYS or not key.startswith(("lr_", "min_lr_")):
+        if not looks_like_lr_key(key) or key in LR_KEYS:
             continue
-        close = difflib.get_close_matches(key, LR_KEYS, n=1, cutoff=0.8)
-        if close:
-            raise PartLearningRateError(
-                f"{prefix}{key} is not a per-part learning rate key: did you mean {prefix}{close[0]}? "
-                f"The keys are {', '.join(LR_KEYS)}"
-            )
+        guess = suggest_lr_key(str(key))
+        hint = f"did you mean {prefix}{guess}? " if guess else ""
+        problems.append(f"{prefix}{key} is not a per-part learning rate key (it names no part, so it would be "
+                        f"ignored): {hint}The keys are {', '.join(LR_KEYS)}")
+    if len(problems) == 1:
+        raise PartLearningRateError(problems[0])
+    if problems:
+        raise PartLearningRateError(f"{len(problems)} unknown per-part learning rate keys:\n"
+                                    + "\n".join(f"  - {p}" for p in problems))
 
 
 def _part_lr(section: Mapping[str, Any], part: str, prefix: str) -> PartLR | None:
@@ -147,11 +199,12 @@ def read_part_learning_rates(
     ``lora``: whether LoRA is on (``None``: unknown, not checked); ``lr_adapters`` without LoRA is an error.
     Raises :class:`~bridge_freeze_plugin.errors.PartLearningRateError` (an ``InvalidFreezeConfigError``)
     naming the key: a value that is not a number (``True``, ``"1e-4"``, ``None`` for a minimum alone), a
-    negative or non-finite one, a minimum above its peak or without a peak, a misspelt key.
+    negative or non-finite one, a minimum above its peak or without a peak, a key shaped like a learning rate
+    that names no part (``lr_vision``, ``lr_llm``, ``vision_lr``: "did you mean").
     """
     section = section or {}
     prefix = f"{where}." if where else ""
-    _misspelt(section, prefix)
+    _unknown_keys(section, prefix)
     parts = tuple(p for p in (_part_lr(section, part, prefix) for part in LR_PARTS) if p is not None)
     frozen_names = {Part(p).value for p in frozen}
     for p in parts:
