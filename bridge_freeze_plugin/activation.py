@@ -32,7 +32,7 @@ from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.build.flags import FlagField
-from bridge_freeze_plugin.build.pipeline import provide_distributed_frozen, provide_frozen
+from bridge_freeze_plugin.build.pipeline import get_model_frozen, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.optim import setup_check
 from bridge_freeze_plugin.provider import declared_default, is_plugin_class, resolve_family
@@ -64,6 +64,7 @@ def activate() -> None:
     for spec in REGISTRY:
         _watch(spec)
     POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
+    POST_IMPORT.watch(_GET_MODEL[0], _route_get_model)
     for module in setup_check.MODULES:
         POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
@@ -281,6 +282,22 @@ def _guard_adapter_exports(module: ModuleType) -> None:
             if callable(method) and not hasattr(method, "__bridge_freeze_wrapped__"):
                 STATE.guarded.setdefault(cls, {})[name] = method
                 setattr(cls, name, guard(name, method))
+
+
+#: Bridge's public build function (NeMo-RL and other trainers call it directly with their own hooks).
+_GET_MODEL = ("megatron.bridge.models.model_provider", "get_model")
+
+
+def _route_get_model(module: ModuleType) -> None:
+    """``get_model`` runs its hooks inside the plugin's chain (:func:`~.build.pipeline.get_model_frozen`)."""
+    original = module.__dict__.get(_GET_MODEL[1])
+    if not STATE.active or not callable(original) or hasattr(original, "__bridge_freeze_wrapped__"):
+        return
+    with STATE.lock:
+        STATE.guarded.setdefault(module, {})[_GET_MODEL[1]] = original  # type: ignore[index]
+        routed = functools.wraps(original)(functools.partial(get_model_frozen, original))
+        routed.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
+        setattr(module, _GET_MODEL[1], routed)
 
 
 def _check_part_learning_rates(module: ModuleType) -> None:

@@ -13,6 +13,10 @@ other hooks such as plain LoRA decide):
   frozen in a frozen part;
 - a trainable parameter a hook added that no prefix of the family covers (a new head) is a violation:
   the plugin cannot tell which part it belongs to, so it cannot promise it was asked for;
+- a hook may NARROW a trained part: freeze some of its parameters (a trainer's ``freeze_moe_router`` hook
+  freezes the MoE routers of the language model) while others of that part still train at full rank. That
+  is accepted and reported per part, with the hook (:func:`narrowed`); a hook that freezes a trained part
+  WHOLE is a violation (what was asked does not train at all);
 - what a hook took away counts as much as what it added: a parameter a hook added that trained after that
   hook (an adapter of a first PEFT hook) and is frozen at the end (a second PEFT hook froze the whole model
   again) is a violation (:func:`lost`).
@@ -27,6 +31,7 @@ from bridge_freeze_plugin.build.adapters import is_peft_hook
 from bridge_freeze_plugin.build.classify import Classifier, named_parameters
 from bridge_freeze_plugin.build.context import BuildContext
 from bridge_freeze_plugin.errors import FreezeGuaranteeError, Violation
+from bridge_freeze_plugin.selection import Part
 
 __all__ = ["FreezeGuaranteeError", "Violation", "describe", "violations"]
 
@@ -45,7 +50,7 @@ def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext,
     if expected is None or trains == expected:
         return None
     if not trains:
-        return "is frozen, but its part was selected to train"
+        return _FROZEN_IN_TRAINED
     if known:
         return "trains, but its part is frozen"
     if classifier.names_a_known_parameter(name):
@@ -66,6 +71,28 @@ def lost(model: Any, added: dict[int, str]) -> list[Violation]:
             for _, name, param in named_parameters(model) if id(param) in added and not param.requires_grad]
 
 
+_FROZEN_IN_TRAINED = "is frozen, but its part was selected to train"
+
+
+def narrowed(model: Any, context: BuildContext, classifier: Classifier) -> dict[int, tuple[str, Part]]:
+    """id -> (name, part) of the parameters a hook froze inside a part that still trains at full rank."""
+    if not context.selection.any_set:
+        return {}
+    frozen: dict[int, tuple[str, Part]] = {}
+    still_training: set[Part] = set()
+    for _, name, param in named_parameters(model):
+        part = classifier.part(name, param)
+        if part is None or not classifier.known(param):
+            continue
+        if context.wants_trainable(classifier.bare_name(name, param), part) is not True:
+            continue
+        if param.requires_grad:
+            still_training.add(part)
+        else:
+            frozen[id(param)] = (name, part)
+    return {key: value for key, value in frozen.items() if value[1] in still_training}
+
+
 def violations(
     model: Any, context: BuildContext, classifier: Classifier, *, adapters: bool = False,
     added: dict[int, str] | None = None,
@@ -73,8 +100,11 @@ def violations(
     if not context.selection.any_set:
         return []
     found = lost(model, added or {})
+    allowed = narrowed(model, context, classifier)
     for _, name, param in named_parameters(model):
         why = _judge(name, param, classifier, context, adapters)
+        if why == _FROZEN_IN_TRAINED and id(param) in allowed:
+            continue  # narrowed by a hook inside a part that still trains: reported, not refused
         if why is not None:
             found.append(Violation(name, bool(param.requires_grad), why))
     # What the selection asked to train but is frozen comes first: that is what users lose.

@@ -13,12 +13,13 @@ and DDP. The plugin gives it a :class:`HookChain` holding the hooks Bridge would
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from bridge_freeze_plugin.build import guarantee, vision_recompute
 from bridge_freeze_plugin.build.adapters import hook_name
-from bridge_freeze_plugin.build.classify import Classifier
+from bridge_freeze_plugin.build.classify import Classifier, as_chunks
 from bridge_freeze_plugin.build.collective import run_agreed
 from bridge_freeze_plugin.build.context import BuildContext
 from bridge_freeze_plugin.build.freeze import claim_report, count_parts, freeze_chunks
@@ -63,6 +64,27 @@ def check_parts_present(report: FreezeReport, context: BuildContext) -> None:
         )
 
 
+def _trained_ids(model: Any) -> set[int]:
+    return {id(p) for chunk in as_chunks(model) for p in chunk.parameters() if p.requires_grad}
+
+
+def _with_narrowing_notes(
+    context: BuildContext, model: Any, narrowing: dict[int, tuple[str, Any, str]]
+) -> BuildContext:
+    """One report note per (hook, part) that froze tensors inside a trained part (still frozen at the end)."""
+    still = {id(p) for chunk in as_chunks(model) for p in chunk.parameters() if not p.requires_grad}
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for key, (name, part, hook) in narrowing.items():
+        if key in still:
+            grouped.setdefault((hook, part.value), []).append(name)
+    notes = tuple(
+        f"{part}: {len(names)} tensor(s) frozen by pre-wrap hook {hook} inside a part that trains "
+        f"(narrowed, e.g. {', '.join(sorted(names)[:3])})"
+        for (hook, part), names in sorted(grouped.items())
+    )
+    return dataclasses.replace(context, notes=(*context.notes, *notes)) if notes else context
+
+
 class HookChain:
     """The plugin's pre-wrap hook for one build (see the module docstring)."""
 
@@ -78,22 +100,27 @@ class HookChain:
         culprit: Hook | None = None
         adapters = False  # a PEFT hook ran: trainable parameters it added are adapters
         added: dict[int, str] = {}  # what hooks added and trained after them (a later hook must not freeze it)
+        narrowing: dict[int, tuple[str, Any, str]] = {}  # id -> (name, part, hook) frozen inside a trained part
         for hook in self.hooks:
+            peft = find_peft(hook) if classifier is not None else None
+            before = _trained_ids(model) if peft is not None else None
             out = hook(model)
             model = model if out is None else out
             if classifier is None:
                 continue
-            peft = find_peft(hook)
             if peft is not None:
                 adapters = True
-                after_peft(model, self.context, classifier, peft, hook_name(hook))
+                after_peft(model, self.context, classifier, peft, hook_name(hook), before)
             found = guarantee.violations(model, self.context, classifier, adapters=adapters, added=added)
             if culprit is None and found:
                 culprit = hook
             added.update(guarantee.trained_additions(model, classifier))
+            for key, (name, part) in guarantee.narrowed(model, self.context, classifier).items():
+                narrowing.setdefault(key, (name, part, hook_name(hook)))
         if classifier is not None:
             guarantee.check(model, self.context, classifier, culprit, adapters=adapters, added=added)
             self.context = vision_recompute.after_hooks(model, self.provider, self.context)
+            self.context = _with_narrowing_notes(self.context, model, narrowing)
         return model, classifier
 
     def __call__(self, model: Any) -> Any:

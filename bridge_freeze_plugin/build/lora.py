@@ -88,11 +88,20 @@ def _overlaps(model: Any, wanted: dict[int, tuple[str, Any]]) -> list[str]:
     return found
 
 
-def after_peft(model: Any, context: BuildContext, classifier: Classifier, peft: Any, hook_label: str) -> int:
-    """Check overlaps, restore the full-rank parts and add them to ``peft.params_to_save``; how many restored."""
+def after_peft(
+    model: Any, context: BuildContext, classifier: Classifier, peft: Any, hook_label: str,
+    trained_before: set[int] | None = None,
+) -> int:
+    """Check overlaps, restore the full-rank parts and add them to ``peft.params_to_save``; how many restored.
+
+    Only what trained right before the PEFT hook (``trained_before``, ids) is restored: a parameter an
+    earlier hook froze inside a trained part (a router-freezing hook) stays frozen.
+    """
     if not context.selection.any_set:
         return 0  # plain LoRA: the plugin is not asked
     wanted = full_rank(classifier, context)
+    if trained_before is not None:
+        wanted = {key: value for key, value in wanted.items() if key in trained_before}
     overlaps = _overlaps(model, wanted)
     if overlaps:
         raise LoraOverlapError(_overlap_message(overlaps, context, peft, hook_label), overlaps)

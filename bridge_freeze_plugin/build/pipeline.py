@@ -27,6 +27,7 @@ from bridge_freeze_plugin.build.hooks import HookChain, user_hooks
 from bridge_freeze_plugin.distributed import store_report
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
 from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.registry import family_for_provider
 from bridge_freeze_plugin.report import log_report
 from bridge_freeze_plugin.state import provider_state
 
@@ -147,3 +148,26 @@ def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: 
     kwargs["pre_wrap_hook"] = HookChain(provider, context, hooks)
     with _entered(provider, _Call(context, distributed=True, providing=False)):
         return build(*args, **kwargs)
+
+
+def get_model_frozen(build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Bridge's public ``get_model(model_provider, ..., pre_wrap_hook=...)`` with the plugin's hook chain.
+
+    Trainers build through it directly (NeMo-RL does), passing their own hooks: those run inside the
+    plugin's :class:`HookChain` as ``provide_distributed_model`` runs them (freeze first, guarantee and the
+    model-wide report last). ``get_model`` runs only the hooks it is given (``None``: none), so the chain
+    holds exactly those. Called from ``provide_distributed_model`` (already inside the chain), or on a
+    provider no family covers, it is Bridge's own.
+    """
+    import inspect
+
+    bound = inspect.signature(build).bind(*args, **kwargs)
+    provider = bound.arguments.get("model_provider", args[0] if args else None)
+    if provider is None or id(provider) in _calls() or family_for_provider(provider) is None:
+        return build(*args, **kwargs)
+    context = preflight(provider)
+    explicit = bound.arguments.get("pre_wrap_hook")
+    hooks = user_hooks(provider, explicit) if explicit else []
+    bound.arguments["pre_wrap_hook"] = HookChain(provider, context, hooks)
+    with _entered(provider, _Call(context, distributed=True, providing=False)):
+        return build(*bound.args, **bound.kwargs)
