@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import difflib
 import re
+import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+import regex as regex_engine
+
 from bridge_freeze_plugin.errors import InvalidPatternError, UnmatchedPatternError
+from bridge_freeze_plugin.regex_safety import backtracking_risk
 from bridge_freeze_plugin.selection import FLAG_PARTS, SELECTABLE_PARTS, Part
 
 TRAIN, FREEZE = "train", "freeze"
@@ -31,25 +37,141 @@ TRAIN, FREEZE = "train", "freeze"
 SUGGESTIONS = 5
 #: The rule, as the report and the docs state it.
 RULE = "a train pattern trains, else a freeze pattern freezes, else the part's flag decides"
+#: Wall-clock seconds one pattern may spend matching names, in all: :data:`MATCH_BUDGET_S` plus
+#: :data:`MATCH_BUDGET_PER_NAME_S` per name matched (each name is matched once, its verdict kept). Past it, matching
+#: stops with :class:`InvalidPatternError`. A pattern the compile-time check accepts needs microseconds per name;
+#: the bound catches what that check cannot see (back-references, very long names...).
+MATCH_BUDGET_S = 5.0
+MATCH_BUDGET_PER_NAME_S = 0.001
+#: How many names' verdicts a pattern keeps (a model has tens of thousands of parameters at most).
+_VERDICTS_KEPT = 1_000_000
+_REWRITE = ("Rewrite it with one repeat over a character set where it has several nested or in a row, e.g. "
+            "'.*router' or '[a-z_0-9.]*router' for '([a-z_0-9]+\\.?)*router', '.*x' for '.*.*.*x', '(a|b)+' with "
+            "alternatives that cannot match the same text")
+
+
+class _MatchClock:
+    """What one pattern has matched so far: the verdict per name, and the wall time spent matching.
+
+    Shared by the copies of a pattern (the verdicts depend on the pattern's text alone); a pickle starts afresh.
+    """
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self.verdicts: dict[str, bool] = {}
+
+    def __copy__(self) -> _MatchClock:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _MatchClock:
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spent": 0.0, "verdicts": {}}
 
 
 @dataclass(frozen=True)
 class Pattern:
-    """One compiled pattern: ``kind`` is ``"train"`` or ``"freeze"``; ``text`` as the user wrote it."""
+    """One compiled pattern: ``kind`` is ``"train"`` or ``"freeze"``; ``text`` as the user wrote it.
+
+    ``regex`` is the anchored pattern as Python's ``re`` compiles it; ``bounded`` the same, compiled by the
+    ``regex`` module, which can stop a match after a time limit and means the same as ``re`` on ASCII text for every
+    pattern :func:`compile_pattern` accepts. Names (ASCII, as every Megatron parameter name is) are matched with
+    ``bounded``; a non-ASCII name with ``regex`` (the two modules define some Unicode classes differently).
+    """
 
     kind: str
     text: str
     regex: re.Pattern[str] = field(repr=False, compare=False)
+    bounded: Any = field(repr=False, compare=False)
+    _clock: _MatchClock = field(default_factory=_MatchClock, repr=False, compare=False)
 
     def matches(self, name: str) -> bool:
-        return self.regex.fullmatch(name) is not None
+        """Whether it matches ``name`` (or a module ``name`` belongs to); time-bounded: :data:`MATCH_BUDGET_S`."""
+        clock = self._clock
+        verdict = clock.verdicts.get(name)
+        if verdict is not None:
+            return verdict
+        left = self._allowed() - clock.spent
+        if left <= 0:
+            raise self._too_slow(name)
+        start = time.perf_counter()
+        try:
+            if name.isascii():
+                verdict = self.bounded.fullmatch(name, timeout=left) is not None
+            else:
+                verdict = self.regex.fullmatch(name) is not None
+        except TimeoutError:
+            raise self._too_slow(name) from None
+        finally:
+            clock.spent += time.perf_counter() - start
+        if len(clock.verdicts) < _VERDICTS_KEPT:
+            clock.verdicts[name] = verdict
+        return verdict
+
+    def _allowed(self) -> float:
+        return MATCH_BUDGET_S + MATCH_BUDGET_PER_NAME_S * (len(self._clock.verdicts) + 1)
+
+    def _too_slow(self, name: str) -> InvalidPatternError:
+        shown = name if len(name) <= 120 else f"{name[:100]}... ({len(name)} characters)"
+        return InvalidPatternError(
+            f"{self.kind}_patterns entry '{self.text}' took more than {self._allowed():.3g} s matching "
+            f"{len(self._clock.verdicts) + 1} parameter name(s) (stopped at '{shown}'): the ways it tries grow too "
+            f"fast with a name's length (catastrophic backtracking). Matching is time-bounded: a pattern gets "
+            f"{MATCH_BUDGET_S:g} s plus {MATCH_BUDGET_PER_NAME_S * 1000:g} ms per name in all, then this error. "
+            f"{_REWRITE}"
+        )
 
     def __str__(self) -> str:
         return f"{self.kind} '{self.text}'"
 
 
+#: Global inline flags at the start of a pattern (``(?i)``, ``(?sx)``...).
+_GLOBAL_FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")
+#: What verbose mode ignores between them: whitespace, and comments up to the end of a line.
+_VERBOSE_SPACE = re.compile(r"(?:[ \t\n\r\v\f]+|#[^\n]*\n?)*")
+
+
+def _split_global_flags(text: str) -> tuple[str, str, bool]:
+    """``(flags, rest, verbose)``: the leading global flag groups of ``text`` (and what verbose mode ignores
+    around them), the pattern after them, and whether the verbose flag is among them."""
+    pos, verbose = 0, False
+    while True:
+        if verbose:
+            pos = _VERBOSE_SPACE.match(text, pos).end()  # type: ignore[union-attr]
+        found = _GLOBAL_FLAGS.match(text, pos)
+        if found is None:
+            return text[:pos], text[pos:], verbose
+        verbose = verbose or "x" in found.group(1)
+        pos = found.end()
+
+
+def anchored(text: str) -> str:
+    """``text`` matched against a whole name or a module name and what follows it (``(?:text)(?:\\..+)?``).
+
+    Global inline flags (``(?i)``, ``(?s)``, ``(?x)``...) stay at the very start, where Python requires them; under
+    ``(?x)`` a newline ends a trailing comment before the group closes.
+    """
+    flags, rest, verbose = _split_global_flags(text)
+    end = "\n" if verbose else ""
+    return f"{flags}{end}(?:{rest}{end})(?:\\..+)?"
+
+
+def _invalid(key: str, text: str, why: str) -> InvalidPatternError:
+    return InvalidPatternError(
+        f"{key} entry '{text}' is not a valid regular expression ({why}). Patterns are Python regular "
+        f"expressions matched against whole parameter or module names: write '.*' for any text (not '*'), "
+        f"e.g. 'language_model\\.decoder\\.layers\\.(2|3)' or '.*\\.router'"
+    )
+
+
 def compile_pattern(text: Any, kind: str) -> Pattern:
-    """Compile one ``train`` / ``freeze`` pattern (anchored; a module name covers its parameters)."""
+    """Compile one ``train`` / ``freeze`` pattern (anchored; a module name covers its parameters).
+
+    Refused with :class:`InvalidPatternError`: a non-string or empty one, an invalid regex, one that matches only
+    the empty name, a character set Python reads as a nested set or set operation (``[[:alpha:]]``), and one
+    with a catastrophic-backtracking shape (:func:`~bridge_freeze_plugin.regex_safety.backtracking_risk`).
+    """
     key = f"{kind}_patterns"
     if not isinstance(text, str) or not text.strip():
         raise InvalidPatternError(
@@ -57,15 +179,37 @@ def compile_pattern(text: Any, kind: str) -> Pattern:
             f"names, e.g. 'language_model\\.decoder\\.final_layernorm'); fix or remove it"
         )
     try:
-        re.compile(text)
-        regex = re.compile(rf"(?:{text})(?:\..+)?")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            parsed = sre_parse.parse(text)
+            re.compile(text)
     except re.error as exc:
+        raise _invalid(key, text, str(exc)) from None
+    except FutureWarning as warning:
         raise InvalidPatternError(
-            f"{key} entry '{text}' is not a valid regular expression ({exc}). Patterns are Python regular "
-            f"expressions matched against whole parameter or module names: write '.*' for any text (not '*'), "
-            f"e.g. 'language_model\\.decoder\\.layers\\.(2|3)' or '.*\\.router'"
+            f"{key} entry '{text}' is ambiguous: {warning}. Python reads '[[', '--', '&&', '~~' and '||' inside "
+            f"a character set as literal characters today and as nested sets or set operations in the future; "
+            f"escape them ('\\[', '\\-', '\\&'...)"
         ) from None
-    return Pattern(kind, text, regex)
+    if not len(parsed):
+        raise InvalidPatternError(
+            f"{key} entry '{text}' has nothing to match but flags or comments, so it matches no name; "
+            f"write the names to match after the flags, e.g. '(?i)language_model\\.decoder\\.final_layernorm'"
+        )
+    risk = backtracking_risk(text)
+    if risk is not None:
+        raise InvalidPatternError(
+            f"{key} entry '{text}' is refused: {risk.detail}. Every pattern is checked for such shapes when it is "
+            f"compiled, before any model is built (a name it does not match could keep the build busy for hours). "
+            f"{_REWRITE}"
+        )
+    full = anchored(text)
+    try:
+        exact = re.compile(full)
+        bounded = regex_engine.compile(full, regex_engine.VERSION0)
+    except (re.error, regex_engine.error) as exc:  # not expected once re accepts the text alone; never guess
+        raise _invalid(key, text, f"it cannot be matched as a whole name: {exc}") from None
+    return Pattern(kind, text, exact, bounded)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,319 @@
+"""Issue 22, classes 15 and 19: patterns that hang the build, and valid inline flags refused.
+
+15: a pattern whose backtracking explodes (nested unbounded quantifiers, overlapping alternatives under a repeat,
+three or more overlapping repeats in a row) is refused when compiled, before any model is built; matching is also
+time-bounded (``MATCH_BUDGET_S``), for what the compile-time check cannot see.
+19: inline flags (``(?i)``, ``(?s)``, ``(?x)``, ``(?i:...)``) are valid, and the pattern stays anchored to the whole
+name.
+
+Expected matches are computed here with Python's ``re`` on the name and on each module above it (the documented
+meaning of a pattern), never with the plugin's pattern code. The hypothesis tests draw patterns from a small grammar
+over the pieces real names are made of.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import bridge_freeze_plugin as bfp
+from bridge_freeze_plugin import FreezeSelection, patterns
+from bridge_freeze_plugin.errors import InvalidPatternError
+from bridge_freeze_plugin.patterns import compile_pattern
+
+# ------------------------------------------------------------------------------------------- realistic names
+
+
+def _names() -> list[str]:
+    """About 3,000 parameter names shaped like a Qwen3-VL-MoE's (64 LM layers, 20 experts, 27 vision blocks)."""
+    names = ["language_model.embedding.word_embeddings.weight", "language_model.decoder.final_layernorm.weight",
+             "language_model.output_layer.weight", "vision_model.patch_embed.proj.weight",
+             "vision_model.merger.patch_norm.weight", "vision_model.merger.linear_fc1.weight",
+             "vision_model.merger.linear_fc2.weight"]
+    for i in range(64):
+        layer = f"language_model.decoder.layers.{i}"
+        names += [f"{layer}.self_attention.linear_qkv.weight", f"{layer}.self_attention.linear_qkv.layer_norm_weight",
+                  f"{layer}.self_attention.linear_proj.weight", f"{layer}.self_attention.q_layernorm.weight",
+                  f"{layer}.self_attention.k_layernorm.weight", f"{layer}.pre_mlp_layernorm.weight",
+                  f"{layer}.mlp.router.weight"]
+        names += [f"{layer}.mlp.experts.linear_fc{k}.weight{e}" for k in (1, 2) for e in range(20)]
+    for i in range(27):
+        block = f"vision_model.decoder.layers.{i}"
+        names += [f"{block}.self_attention.linear_qkv.weight", f"{block}.self_attention.linear_qkv.bias",
+                  f"{block}.self_attention.linear_proj.weight", f"{block}.mlp.linear_fc1.weight",
+                  f"{block}.mlp.linear_fc2.weight", f"{block}.input_layernorm.weight"]
+    for i in range(3):
+        names += [f"vision_model.decoder.deepstack_merger_list.{i}.linear_fc{k}.weight" for k in (1, 2)]
+    return names
+
+
+NAMES = _names()
+
+
+def modules_of(name: str) -> list[str]:
+    """The name and every module above it: what a pattern is matched against (docs/patterns.md)."""
+    segments = name.split(".")
+    return [".".join(segments[:k]) for k in range(1, len(segments) + 1)]
+
+
+def oracle(text: str, names=NAMES) -> set[str]:
+    """The names ``text`` matches, by the documented rule, with Python's ``re`` (patterns without '$' or lookahead)."""
+    rx = re.compile(text)
+    return {n for n in names if any(rx.fullmatch(m) for m in modules_of(n))}
+
+
+def plugin_matches(text: str, names=NAMES) -> set[str]:
+    pattern = compile_pattern(text, "train")
+    return {n for n in names if pattern.matches(n)}
+
+
+def test_the_names_are_a_few_thousand():
+    assert 2_500 <= len(NAMES) == len(set(NAMES)) <= 4_000
+
+
+# ------------------------------------------------------------ class 15: catastrophic backtracking refused
+
+# Exponential: a repeated part that can match the same text in two ways (nested quantifiers, overlapping
+# alternatives under a repeat), in many spellings; the first is the issue's.
+EXPONENTIAL = [
+    r"([a-z_0-9]+\.?)*router", r"(a+)+", r"(a*)*", r"(a|aa)+", r"(.*)*x", r"(\w+\s?)*", r"(a|a)*", r"(a+)*b",
+    r"(?:[a-z]+)+\.weight", r"(x+x+)+y", r"(a?a?)+b", r"((a?|b?)c)*d", r"(ab|a|b)*!", r"(\d+|\w+)*!",
+    r"(a{1,5})+b", r"(a{1,9}){1,9}b", r"(.*a){12}", r"(language|[a-z]+)*_model", r"(?:(?:layers\.)+\d*)+x",
+    r"(?i)(a|A+)+b", r"(?=(a+)+b)language_model", r"(\.|[^a])+!",
+    r"(?s)(.|\n)*x", r"([a-z]+_?)+\.router", r"(.+)+", r"(\d*\.?\d*)*x", r"(?:\w+\.?)*z",
+]
+# Polynomial of high degree: three or more overlapping unbounded repeats in a row.
+POLYNOMIAL = [r".*.*.*x", r"(.*)(.*)(.*)x", r"\w*\w*\w*!", r"[a-z_.0-9]*[a-z_.0-9]*[a-z_.0-9]*[a-z_.0-9]*!",
+              r".+.+.+.+x", r"language_model.*.*.*x", r"\w+_?\w+_?\w+!"]
+
+
+@pytest.mark.parametrize("text", EXPONENTIAL + POLYNOMIAL)
+def test_catastrophic_shapes_are_refused_when_compiled(text):
+    start = time.perf_counter()
+    with pytest.raises(InvalidPatternError, match=re.escape(f"train_patterns entry '{text}' is refused")) as info:
+        FreezeSelection(freeze_language_model=True, train_patterns=[text])
+    assert time.perf_counter() - start < 0.5
+    message = str(info.value)
+    assert "checked for such shapes when it is compiled, before any model is built" in message
+    assert "Rewrite it" in message
+
+
+def test_the_refusal_says_which_kind():
+    with pytest.raises(InvalidPatternError, match="more than one way"):
+        compile_pattern(r"([a-z_0-9]+\.?)*router", "freeze")
+    with pytest.raises(InvalidPatternError, match="3 unbounded repeats in a row"):
+        compile_pattern(r".*.*.*x", "freeze")
+
+
+def test_a_refused_pattern_on_a_provider_names_the_provider_before_any_build():
+    class P:
+        freeze_patterns = [r"(\w+\s?)*"]
+
+    with pytest.raises(InvalidPatternError, match=r"^P: freeze_patterns entry '\(\\w\+\\s\?\)\*' is refused"):
+        FreezeSelection.from_object(P())
+
+
+# Patterns people write: accepted, and they match exactly what re says, quickly, on the names.
+REALISTIC = [
+    r".*\.mlp\.router", r"language_model\.decoder\.layers\.(2|3)", r"vision_model.merger",
+    r"language_model\.decoder\.layers\.\d+\.mlp\.experts", r"(language_model|vision_model)\..*norm.*",
+    r".*attn.*qkv.*", r".*self_attention.*layernorm.*", r".*\.(linear_fc1|linear_fc2)\.(weight|bias)",
+    r"(layers\.[0-9]+\.)*x", r"language_model\.decoder\.layers\.(4[0-7]|3[0-9])", r".*.*router.*",
+    r"vision_model\.decoder\.(layers\.(1[0-9]|2[0-6])|deepstack_merger_list)", r"[a-z_]+\.merger",
+    r"([a-z]+_)*model\.embedding", r"language_model(\.[a-z_]+)+",
+    r".*weight1[0-9]", r"(language|vision)_model\.decoder\.layers\.0\..*",
+]
+
+
+@pytest.mark.parametrize("text", REALISTIC)
+def test_realistic_patterns_are_accepted_and_match_what_re_says(text):
+    start = time.perf_counter()
+    got = plugin_matches(text)
+    assert time.perf_counter() - start < 1.0
+    assert got == oracle(text)
+
+
+def test_the_issue_pattern_rewritten_as_advised_matches_every_router():
+    routers = {n for n in NAMES if n.endswith(".mlp.router.weight")}
+    assert len(routers) == 64
+    for text in (r".*router", r"[a-z_0-9.]*router"):
+        assert plugin_matches(text) == routers
+
+
+def test_matching_is_time_bounded_for_what_the_check_accepts(monkeypatch):
+    # Two overlapping repeats in a row are accepted; on an absurdly long name their n^2 ways take far longer than
+    # the budget (about 20 s here): the match stops (the regex module checks the clock every so often) with an
+    # error naming the pattern.
+    monkeypatch.setattr(patterns, "MATCH_BUDGET_S", 0.3)
+    monkeypatch.setattr(patterns, "MATCH_BUDGET_PER_NAME_S", 0.0)
+    pattern = compile_pattern(r"[a-z]*[a-z_]*[.!]", "freeze")
+    start = time.perf_counter()
+    with pytest.raises(InvalidPatternError, match=r"entry '\[a-z\]\*\[a-z_\]\*\[\.!\]' took more than 0\.3 s") as info:
+        pattern.matches("a" * 40_000)
+    assert time.perf_counter() - start < 5.0
+    assert "Matching is time-bounded" in str(info.value)
+    # The budget is spent: any further name is refused at once (the build stops instead of crawling on).
+    with pytest.raises(InvalidPatternError, match="took more than"):
+        pattern.matches("language_model.x")
+
+
+def test_the_budget_is_spent_once_per_name(monkeypatch):
+    pattern = compile_pattern(r"language_model\..*", "train")
+    assert all(pattern.matches(n) == n.startswith("language_model.") for n in NAMES)
+    monkeypatch.setattr(patterns, "MATCH_BUDGET_S", -10.0)
+    # Every name already matched keeps its verdict (no time spent); a new one has no budget left.
+    assert [pattern.matches(n) for n in NAMES[:3]] == [n.startswith("language_model.") for n in NAMES[:3]]
+    with pytest.raises(InvalidPatternError, match="took more than"):
+        pattern.matches("language_model.brand_new")
+
+
+def test_the_issue_command_no_longer_hangs():
+    # The issue's reproduction: 'plan' with the pattern ran for more than 90 s; now it is refused at once, exit 2.
+    exe = [sys.executable, "-m", "bridge_freeze_plugin.cli"]
+    out = subprocess.run([*exe, "plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train",
+                          r"([a-z_0-9]+\.?)*router"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert r"train_patterns entry '([a-z_0-9]+\.?)*router' is refused" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+# ---------------------------------------------------------------- class 19: inline flags are valid regexes
+
+INLINE = [
+    (r"(?i)LANGUAGE_MODEL\.DECODER\.FINAL_LAYERNORM", r"language_model\.decoder\.final_layernorm"),
+    (r"(?i:VISION_MODEL)\.merger", r"vision_model\.merger"),
+    (r"(?s)vision_model.merger", r"vision_model\.merger"),
+    ("(?x) vision_model \\. merger   # the projection's merger", r"vision_model\.merger"),
+    ("(?x)(?i) Vision_Model\\.Merger  # two global flags", r"vision_model\.merger"),
+    ("(?ix) vision_model\\.MERGER", r"vision_model\.merger"),
+    ("(?x)\n  # a comment first\n  (?i) VISION_MODEL \\. merger\n", r"vision_model\.merger"),
+    (r"(?i)LANGUAGE_MODEL\.EMBEDDING|vision_model\.patch_embed",
+     r"language_model\.embedding|vision_model\.patch_embed"),
+    (r"(?a)language_model\.decoder\.layers\.\d\.mlp\.router", r"language_model\.decoder\.layers\.[0-9]\.mlp\.router"),
+    (r"(?m)language_model\.output_layer", r"language_model\.output_layer"),
+    (r"language_model\.decoder\.layers\.1(?i:\.MLP)\.router", r"language_model\.decoder\.layers\.1\.mlp\.router"),
+    (r"(?-i:language_model)\.decoder\.final_layernorm", r"language_model\.decoder\.final_layernorm"),
+]
+
+
+@pytest.mark.parametrize(("text", "plain"), INLINE)
+def test_inline_flags_are_accepted_and_stay_anchored(text, plain):
+    got = plugin_matches(text)
+    assert got == oracle(text) == oracle(plain)
+    assert got
+    # Anchored at both ends: a longer module name, or the name under another prefix, is not matched.
+    pattern = compile_pattern(text, "train")
+    for name in got:
+        assert not pattern.matches("x." + name)
+    assert not pattern.matches(next(iter(got)).split(".")[0] + "_extra.weight")
+
+
+def test_a_flag_applies_to_the_whole_alternation_and_anchoring_to_every_branch():
+    pattern = compile_pattern(r"(?i)ROUTER|LANGUAGE_MODEL\.OUTPUT_LAYER", "train")
+    assert pattern.matches("router.weight") and pattern.matches("language_model.output_layer.weight")
+    assert not pattern.matches("language_model.decoder.layers.0.mlp.router.weight")  # 'router' is anchored too
+    assert not pattern.matches("x.language_model.output_layer.weight")
+
+
+def test_a_verbose_comment_does_not_swallow_the_anchor():
+    pattern = compile_pattern("(?x) vision_model\\.merger  # merger", "freeze")
+    assert pattern.matches("vision_model.merger.linear_fc1.weight")
+    assert not pattern.matches("vision_model.merger_extra.weight")
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    (r"a(?i)b", "global flags not at the start of the expression"),  # invalid in Python itself
+    (r"(?i)", "has nothing to match but flags or comments"),
+    ("(?x)   # only a comment", "has nothing to match but flags or comments"),
+    (r"(?z)abc", "unknown extension ?z"),
+    (r"[[:alpha:]]+", "is ambiguous: Possible nested set"),
+])
+def test_flags_that_python_refuses_or_that_match_nothing_are_still_errors(text, why):
+    with pytest.raises(InvalidPatternError, match=re.escape(why)):
+        compile_pattern(text, "train")
+
+
+def test_an_inline_flag_on_a_real_tiny_model(cpu_bridge):
+    from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
+
+    selection = FreezeSelection(freeze_language_model=True, freeze_vision_model=True, freeze_vision_projection=True,
+                                train_patterns=["(?i)LANGUAGE_MODEL\\.DECODER\\.FINAL_LAYERNORM"])
+    provider = bfp.make_freezable(make_provider("qwen3_vl"), selection)
+    chunks = build_tiny_chunks("qwen3_vl", provider=provider)
+    params = [n for c in chunks for n, _ in c.named_parameters()]
+    trainable = {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
+    want = {n for n in params if n.startswith("language_model.decoder.final_layernorm.")}
+    assert want and trainable == want
+
+
+# ------------------------------------------------------------------------------- property-based: a grammar
+
+_PIECES = ["language_model", "vision_model", "decoder", "layers", "mlp", "router", "weight", "merger", "linear_fc1",
+           r"\.", ".", r"\d", "[0-9]", "[a-z_]", r"\w", "[a-z_0-9]", "a", "_", "e", "1", r"[^.]", "(?:x|y)"]
+_QUANTIFIERS = ["", "", "*", "+", "?", "{1,3}", "{0,2}", "{2,}", "*?", "+?"]
+
+
+def _grammar() -> st.SearchStrategy[str]:
+    atom = st.sampled_from(_PIECES)
+
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        group = st.builds(lambda a, b: f"({a}){b}", inner, st.sampled_from(_QUANTIFIERS))
+        concat = st.lists(inner, min_size=2, max_size=3).map("".join)
+        alt = st.lists(inner, min_size=2, max_size=3).map(lambda xs: f"(?:{'|'.join(xs)})")
+        quantified = st.builds(lambda a, b: f"(?:{a}){b}", inner, st.sampled_from(_QUANTIFIERS))
+        return st.one_of(group, concat, alt, quantified)
+
+    body = st.recursive(atom, extend, max_leaves=8)
+    return st.builds(lambda flag, b: flag + b, st.sampled_from(["", "", "(?i)", "(?s)", "(?x)", "(?a)"]), body)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_grammar())
+def test_any_pattern_from_the_grammar_is_refused_or_matches_thousands_of_names_fast(small_budget, text):
+    # Refused when compiled, refused by the time bound, or done: within the bound either way (the bound here is
+    # 0.3 s + 0.1 ms per name = 0.6 s for the ~3,200 names, plus the regex module's lag in looking at the clock).
+    start = time.perf_counter()
+    try:
+        got = plugin_matches(text)
+    except InvalidPatternError:
+        assert time.perf_counter() - start < 2.0
+        return
+    assert time.perf_counter() - start < 2.0
+    # Accepted: it means what re says (checked on a sample: re itself has no time bound).
+    sample = NAMES[::15]
+    assert {n for n in got if n in set(sample)} == oracle(text, sample)
+
+
+@pytest.fixture(scope="module")
+def small_budget():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(patterns, "MATCH_BUDGET_S", 0.3)
+    mp.setattr(patterns, "MATCH_BUDGET_PER_NAME_S", 0.0001)
+    yield
+    mp.undo()
+
+
+#: What may surround a catastrophic shape in a longer pattern.
+_CONTEXTS = [("", ""), ("(?i)", ""), ("(?s)", ""), ("(?:", ")?"), ("(", ")*"), ("x|", ""), ("", r"\.weight"),
+             ("", "|language_model"), (r"language_model\.", ""), ("(?=language)", ""), ("(?:", "){2}")]
+
+
+def test_a_catastrophic_shape_inside_a_longer_pattern_is_still_refused():
+    tried = 0
+    for core in EXPONENTIAL + POLYNOMIAL:
+        for before, after in _CONTEXTS:
+            text = before + core + after
+            try:
+                re.compile(text)
+            except re.error:
+                continue  # e.g. a global flag that is no longer at the start
+            tried += 1
+            with pytest.raises(InvalidPatternError, match="is refused"):
+                compile_pattern(text, "freeze")
+    assert tried > 250
