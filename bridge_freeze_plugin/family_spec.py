@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,23 +40,59 @@ _FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 
 
+#: The fields that hold a sequence of strings (a provider may also be given as a class).
+SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
+                   "no_full_recompute", "full_recompute_affects")
+#: The fields that hold one string, and the one that holds a bool.
+TEXT_FIELDS = ("description", "recompute_note", "source")
+BOOL_FIELDS = ("projection_needs_recompute_off",)
+
+
 def _string_tuple(family: Any, attr: str, value: Any) -> tuple[str, ...]:
-    """``value`` as a tuple of strings (a provider class object is written as its import path)."""
-    if isinstance(value, str) or not isinstance(value, Iterable):
+    """``value`` as a tuple of strings (a provider class object is written as its import path).
+
+    A ``str`` (or ``bytes``) is refused rather than split into single letters, a mapping rather than read for its
+    keys, and so is an empty string in the list.
+    """
+    example = "['package.module:ClassName']" if attr == "providers" else "['language_model']"
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        kind = "string" if isinstance(value, str) else type(value).__name__
         raise FamilyRegistrationError(
-            f"family {family!r}: {attr} must be a list of strings, not {type(value).__name__} {value!r}"
+            f"family {family!r}: {attr} must be a list of strings, e.g. {example}, not the {kind} {value!r} (which "
+            f"would be read one letter at a time); write {attr}=[{value!r}] (a one-element tuple needs a trailing "
+            f"comma: ({value!r},))"
+        )
+    if isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise FamilyRegistrationError(
+            f"family {family!r}: {attr} must be a list of strings, e.g. {example}, not {type(value).__name__} "
+            f"{value!r}"
         )
     items = []
     for item in value:
         if attr == "providers" and isinstance(item, type):
             item = class_path(item)
-        if not isinstance(item, str):
-            what = "'package.module:ClassName' strings or classes" if attr == "providers" else "strings"
+        if not isinstance(item, str) or not item:
+            what = "'package.module:ClassName' strings or classes" if attr == "providers" else "non-empty strings"
             raise FamilyRegistrationError(
-                f"family {family!r}: {attr} must hold {what}, got {type(item).__name__} {item!r}"
+                f"family {family!r}: {attr} must hold {what}, got {type(item).__name__} {item!r} in {value!r}"
             )
         items.append(item)
     return tuple(items)
+
+
+def _check_scalars(spec: Any) -> None:
+    for attr in TEXT_FIELDS:
+        value = getattr(spec, attr)
+        if not isinstance(value, str):
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: {attr} must be a string, not {type(value).__name__} {value!r}"
+            )
+    for attr in BOOL_FIELDS:
+        value = getattr(spec, attr)
+        if not isinstance(value, bool):
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: {attr} must be True or False, not {type(value).__name__} {value!r}"
+            )
 
 
 def _check_providers(family: str, providers: tuple[str, ...]) -> None:
@@ -126,9 +162,9 @@ class FamilySpec:
             raise FamilyRegistrationError(
                 f"family name {self.name!r} must be a non-empty string of letters, digits, '_', '-' or '.'"
             )
-        for attr in ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
-                     "no_full_recompute", "full_recompute_affects"):
+        for attr in SEQUENCE_FIELDS:
             object.__setattr__(self, attr, _string_tuple(self.name, attr, getattr(self, attr)))
+        _check_scalars(self)
         _check_providers(self.name, self.providers)
         unknown = set(self.full_recompute_affects) - {p.value for p in SELECTABLE_PARTS}
         if unknown or bool(self.no_full_recompute) != bool(self.full_recompute_affects):

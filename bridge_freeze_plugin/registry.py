@@ -43,11 +43,13 @@ __all__ = [
 ]
 
 class FamilyRegistry:
-    """Name-keyed registry of :class:`FamilySpec`; duplicates are refused."""
+    """Name-keyed registry of :class:`FamilySpec`; a second claim on a name, provider class or HF model type is
+    refused, naming the family that holds it."""
 
     def __init__(self) -> None:
         self._families: dict[str, FamilySpec] = {}
         self._by_provider: dict[str, FamilySpec] = {}
+        self._by_hf_model_type: dict[str, FamilySpec] = {}
         self._lock = threading.RLock()
         #: "module.qualname" -> listener: a reloaded module's listener replaces its old self
         self._listeners: dict[str, Callable[[FamilySpec], None]] = {}
@@ -82,12 +84,24 @@ class FamilyRegistry:
                 owner = self._by_provider.get(path)
                 if owner is not None:
                     raise FamilyRegistrationError(
-                        f"provider {path} is already covered by family {owner.name!r} "
-                        f"(registered by {owner.source}); a provider class belongs to one family"
+                        f"family {spec.name!r}: provider {path} is already covered by family {owner.name!r} "
+                        f"(registered by {owner.source}); a provider class belongs to one family: drop it from "
+                        f"{spec.name!r}'s providers, or unregister {owner.name!r} first"
+                    )
+            for model_type in spec.hf_model_types:
+                owner = self._by_hf_model_type.get(model_type)
+                if owner is not None:
+                    raise FamilyRegistrationError(
+                        f"family {spec.name!r}: HF model type {model_type!r} is already claimed by family "
+                        f"{owner.name!r} (registered by {owner.source}); a checkpoint's config.json model_type must "
+                        f"name one family: drop it from {spec.name!r}'s hf_model_types, or unregister "
+                        f"{owner.name!r} first"
                     )
             self._families[spec.name] = spec
             for path in spec.providers:
                 self._by_provider[path] = spec
+            for model_type in spec.hf_model_types:
+                self._by_hf_model_type[model_type] = spec
             listeners = list(self._listeners.values())
         for listener in listeners:
             listener(spec)
@@ -99,6 +113,8 @@ class FamilyRegistry:
             del self._families[name]
             for path in spec.providers:
                 self._by_provider.pop(path, None)
+            for model_type in spec.hf_model_types:
+                self._by_hf_model_type.pop(model_type, None)
             return spec
 
     def get(self, name: str) -> FamilySpec:
@@ -137,11 +153,8 @@ class FamilyRegistry:
         return self.for_provider_class(cls)
 
     def for_hf_model_type(self, model_type: str) -> FamilySpec | None:
-        """The family whose checkpoints carry this HF ``model_type`` (``config.json``)."""
-        for spec in self:
-            if model_type in spec.hf_model_types:
-                return spec
-        return None
+        """The family whose checkpoints carry this HF ``model_type`` (``config.json``); one at most."""
+        return self._by_hf_model_type.get(model_type)
 
     def find(self, name_or_class: str) -> FamilySpec:
         """A family by family name, provider class name (``Qwen3VLModelProvider``) or class path."""
@@ -177,20 +190,24 @@ def register_family(
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
-    """Register one VLM family in one call. Refuses a duplicate name or provider class."""
+    """Register one VLM family in one call.
+
+    Refuses a duplicate name, a provider class or HF model type another family already claims, and a string where
+    a list is expected (``language_model="language_model"``): every argument is checked by :class:`FamilySpec`.
+    """
     spec = FamilySpec(
         name=name,
-        providers=tuple(providers),
-        language_model=tuple(language_model),
-        vision_model=tuple(vision_model),
-        vision_projection=tuple(vision_projection),
-        other=tuple(other),
+        providers=providers,  # type: ignore[arg-type]  # FamilySpec checks and converts every sequence
+        language_model=language_model,  # type: ignore[arg-type]
+        vision_model=vision_model,  # type: ignore[arg-type]
+        vision_projection=vision_projection,  # type: ignore[arg-type]
+        other=other,  # type: ignore[arg-type]
         description=description,
-        hf_model_types=tuple(hf_model_types),
+        hf_model_types=hf_model_types,  # type: ignore[arg-type]
         projection_needs_recompute_off=projection_needs_recompute_off,
         recompute_note=recompute_note,
-        no_full_recompute=tuple(no_full_recompute),
-        full_recompute_affects=tuple(full_recompute_affects),
+        no_full_recompute=no_full_recompute,  # type: ignore[arg-type]
+        full_recompute_affects=full_recompute_affects,  # type: ignore[arg-type]
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)
