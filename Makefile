@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export BRIDGE_FREEZE_VENV := $(VENV)
 
-.PHONY: venv demo test test-gpu lint bench clean
+.PHONY: venv demo test test-fast test-gpu lint bench clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -14,6 +14,10 @@ demo: venv
 
 test: venv
 	@$(PY) -m pytest
+
+# the pure tests (no Bridge model, no process started, nothing marked slow): under a minute, while you work
+test-fast: venv
+	@$(PY) -m pytest -m "not bridge and not spawns and not slow" -q
 
 test-gpu: venv
 	@$(PY) -m pytest tests/gpu

@@ -24,3 +24,55 @@ def cpu_bridge():
     bridge = import_bridge()
     init_cpu_distributed()
     return bridge
+
+
+# ---- Markers applied automatically (``make test-fast`` deselects both) ------------------------------
+# ``bridge``: the test builds or imports real Bridge models (it uses the ``cpu_bridge`` fixture, directly or
+# through another fixture). ``spawns``: the test starts processes (subprocess / Popen / a gloo worker),
+# found by reading the test module: the test function, the module's functions and fixtures it uses, and
+# theirs, transitively.
+
+_SPAWN_CALLS = ("subprocess.", "Popen(", "mp.spawn", "start_processes(", "multiprocessing.")
+_spawning_cache: dict[str, set[str]] = {}
+
+
+def _spawning_names(path: str) -> set[str]:
+    """Names of the module-level functions in ``path`` that start a process, directly or through another."""
+    import ast
+
+    if path in _spawning_cache:
+        return _spawning_cache[path]
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    tree = ast.parse(source)
+    calls: dict[str, set[str]] = {}
+    spawning: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_source_segment(source, node) or ""
+            calls[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            calls[node.name] |= {a.arg for a in node.args.args}  # fixtures it asks for
+            if any(marker in text for marker in _SPAWN_CALLS):
+                spawning.add(node.name)
+    changed = True
+    while changed:
+        changed = False
+        for name, used in calls.items():
+            if name not in spawning and used & spawning:
+                spawning.add(name)
+                changed = True
+    _spawning_cache[path] = spawning
+    return spawning
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "cpu_bridge" in fixtures:
+            item.add_marker(pytest.mark.bridge)
+        function = getattr(item, "function", None)
+        if function is None:
+            continue
+        spawning = _spawning_names(str(item.path))
+        if function.__name__ in spawning or fixtures & spawning:
+            item.add_marker(pytest.mark.spawns)

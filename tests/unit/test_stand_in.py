@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from bridge_freeze_harness.stand_ins import Qwen3VLModelShaped
@@ -14,6 +15,7 @@ from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 
 
+@pytest.mark.slow  # builds and trains a model (seconds): the full suite runs it
 def test_projection_only_on_the_stand_in_trains_and_changes_exactly_the_mergers():
     torch.manual_seed(0)
     model = Qwen3VLModelShaped()

@@ -524,6 +524,7 @@ def verdict(layout: str, strategy, lmo, lora, sel, recompute, family, model_dirs
     return "warn" if records else "ok"
 
 
+@pytest.mark.slow  # 400 random configs through every layout (about 20 s): the full suite runs it
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     layout=st.sampled_from(("api", "sft", "rl")),
