@@ -44,6 +44,7 @@ from bridge_freeze_plugin.registry import (
 )
 from bridge_freeze_plugin.report import FreezeReport, PartCount
 from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, Part
+from bridge_freeze_plugin.sync import export_trainable_hf_weights
 
 # Config validation needs OmegaConf: loaded on first use, so importing the plugin stays light.
 _LAZY = {
@@ -95,6 +96,7 @@ __all__ = [
     "activate",
     "apply_selection",
     "deactivate",
+    "export_trainable_hf_weights",
     "family_for_provider",
     "freezable_class",
     "get_family",

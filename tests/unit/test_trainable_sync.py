@@ -1,0 +1,328 @@
+"""RL weight sync of only what trains (``bridge_freeze_plugin.export_trainable_hf_weights``), on tiny REAL models.
+
+The user's flow end to end: a tiny random HF checkpoint on disk (``write_tiny_hf_checkpoint``) ->
+``AutoBridge.from_hf_pretrained(dir)`` -> ``to_megatron_provider(load_weights=True)`` with the freeze flags (and
+LoRA, and train patterns) -> build -> N AdamW steps -> Bridge's full ``export_hf_weights`` and the trainable stream.
+Each case checks that
+
+- the checkpoint's ORIGINAL tensors, updated with the trainable stream, are bit-identical (values and dtypes) to
+  the full export: nothing that changed is missing;
+- the names sent are exactly the HF tensors that can change, written here per family as HF name prefixes /
+  patterns (independent of the plugin and of Bridge's mapping tables), and every tensor that did change is
+  among them;
+- the stream is the full export's stream with the rest left out (same order).
+
+Expert parallel 2 (Qwen3-VL-MoE, two gloo processes) runs this file as its worker (``python
+test_trainable_sync.py worker RANK WORLD OUT CHECKPOINT``), started in a module fixture with a hard timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # the EP2 worker: the repository on the path before the harness imports
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+STEPS = 2
+EP_TIMEOUT_S = 240
+
+# --- what can change, per family, in HF names (written from the HF checkpoints' layout) -------------------------
+QWEN3_PROJECTION = re.compile(r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\.")
+QWEN3_VISION = re.compile(r"^model\.visual\.")
+QWEN3_LM_ATTENTION = re.compile(r"^model\.language_model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight$")
+QWEN3_LAYER1_QKV = re.compile(r"^model\.language_model\.layers\.1\.self_attn\.[qkv]_proj\.weight$")
+QWEN25_VISION_TOWER = re.compile(r"^visual\.(?!merger\.)")  # Qwen2.5-VL: HF tower under visual., merger inside
+MOE_LAYER0_GATE_UP = re.compile(r"^model\.language_model\.layers\.0\.mlp\.experts\.gate_up_proj$")
+MOE_LAYER1_DOWN = re.compile(r"^model\.language_model\.layers\.1\.mlp\.experts\.down_proj$")
+
+PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
+VISION_FROZEN = {"freeze_vision_model": True}
+
+
+def lora_hook(target_modules: list[str]) -> Callable[[Any], Any]:
+    """Bridge's real LoRA applied as Bridge's training setup applies it (a pre-wrap hook after the weight load)."""
+    from megatron.bridge.peft.lora import LoRA
+
+    peft = LoRA(target_modules=target_modules, dim=4, alpha=8)
+
+    def peft_pre_wrap_hook(model: Any) -> Any:
+        model = peft(model, training=True)
+        peft.set_params_to_save(model)
+        return model
+
+    return peft_pre_wrap_hook
+
+
+def train_and_export(checkpoint: Path, family: str, *, lora: list[str] | None = None,
+                     after_build: Callable[[list[Any]], None] | None = None, **fields: Any) -> dict[str, Any]:
+    """Load ``checkpoint`` through AutoBridge, build with ``fields``, train STEPS, export full and trainable."""
+    import torch
+    from megatron.bridge import AutoBridge
+    from safetensors.torch import load_file
+
+    from bridge_freeze_harness.hf_checkpoint import cpu_provider
+    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.train import train_steps
+    from bridge_freeze_plugin import export_trainable_hf_weights
+
+    bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
+    provider = cpu_provider(bridge, family, **fields)
+    if lora:
+        provider.register_pre_wrap_hook(lora_hook(lora))
+    chunks = build_tiny_chunks(family, provider=provider)
+    if after_build is not None:
+        after_build(chunks)
+    torch.manual_seed(0)
+    train_steps(chunks[0], family, provider, steps=STEPS)
+    return {
+        "bridge": bridge,
+        "chunks": chunks,
+        "trainable": {n for c in chunks for n, p in c.named_parameters() if p.requires_grad},
+        "original": load_file(str(checkpoint / "model.safetensors")),
+        "full": list(bridge.export_hf_weights(chunks, cpu=True, show_progress=False)),
+        "sent": list(export_trainable_hf_weights(bridge, chunks, cpu=True, show_progress=False)),
+        "export": export_trainable_hf_weights,
+    }
+
+
+def sync_facts(original: dict[str, Any], full: list[tuple[str, Any]], sent: list[tuple[str, Any]]) -> dict[str, Any]:
+    """What the checks need, as plain data (the EP2 workers send it back as JSON)."""
+    import torch
+
+    full_map, sent_map = dict(full), dict(sent)
+    updated = dict(original)
+    updated.update(sent_map)
+    return {
+        "full_names": [n for n, _ in full],
+        "sent_names": [n for n, _ in sent],
+        "original_names": sorted(original),
+        "changed": sorted(n for n, t in full_map.items() if n not in original or not torch.equal(t, original[n])),
+        "not_identical": sorted(
+            n for n, t in full_map.items()
+            if n not in updated or updated[n].dtype != t.dtype or not torch.equal(updated[n], t)
+        ),
+        "sent_differs_from_full": sorted(
+            n for n, t in sent_map.items() if t.dtype != full_map[n].dtype or not torch.equal(t, full_map[n])
+        ),
+    }
+
+
+def check(facts: dict[str, Any], can_change: Callable[[str], bool]) -> None:
+    full_names, sent_names = facts["full_names"], facts["sent_names"]
+    assert set(full_names) == set(facts["original_names"])  # the export covers the checkpoint, nothing else
+    assert len(sent_names) == len(set(sent_names)) and len(full_names) == len(set(full_names))
+    expected = {n for n in full_names if can_change(n)}
+    assert expected and expected != set(full_names)  # a real selection: some tensors can change, some cannot
+    assert set(sent_names) == expected
+    assert set(facts["changed"]) <= expected and facts["changed"]
+    assert facts["not_identical"] == []
+    assert facts["sent_differs_from_full"] == []
+    assert sent_names == [n for n in full_names if n in expected]  # the full stream with the rest left out
+
+
+def any_of(*patterns: re.Pattern[str]) -> Callable[[str], bool]:
+    return lambda name: any(p.search(name) for p in patterns)
+
+
+# --- fixtures: one checkpoint per family, written once ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, cpu_bridge) -> Callable[[str], Path]:
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    root = tmp_path_factory.mktemp("hf")
+    written: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in written:
+            written[family] = write_tiny_hf_checkpoint(family, root / family, seed=0)
+        return written[family]
+
+    return get
+
+
+EP_TEST = "test_qwen3_vl_moe_expert_parallel_2"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ep2_started(request, tmp_path_factory):
+    """Start the EP2 workers before the first test of this module when the EP2 test is selected: their imports of
+    Megatron-Bridge (most of their time) overlap the single-process cases. Killed at teardown if still running."""
+    if not any(getattr(item, "originalname", item.name) == EP_TEST for item in request.session.items):
+        yield None
+        return
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    out = tmp_path_factory.mktemp("ep2")
+    checkpoint = write_tiny_hf_checkpoint("qwen3_vl_moe", out / "checkpoint", seed=0)
+    procs = start_ep2(checkpoint, out)
+    yield procs, out
+    for proc in procs:  # only the processes started here
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def ep2(ep2_started) -> dict[Any, Any]:
+    procs, out = ep2_started
+    return collect_ep2(procs, out)
+
+
+# --- single process ---------------------------------------------------------------------------------------------
+def test_qwen3_vl_projection_only_sends_the_mergers(checkpoints):
+    run = train_and_export(checkpoints("qwen3_vl"), "qwen3_vl", **PROJECTION_ONLY)
+    check(sync_facts(run["original"], run["full"], run["sent"]), any_of(QWEN3_PROJECTION))
+    # The first sync: everything, exactly Bridge's export.
+    first = list(run["export"](run["bridge"], run["chunks"], cpu=True, everything=True, show_progress=False))
+    assert [n for n, _ in first] == [n for n, _ in run["full"]]
+    assert all(a.equal(b) for (_, a), (_, b) in zip(first, run["full"], strict=True))
+
+
+def test_qwen3_vl_frozen_vision_tower_sends_the_language_model_and_mergers(checkpoints):
+    run = train_and_export(checkpoints("qwen3_vl"), "qwen3_vl", **VISION_FROZEN)
+    check(sync_facts(run["original"], run["full"], run["sent"]),
+          lambda n: not QWEN3_VISION.search(n) or bool(QWEN3_PROJECTION.search(n)))
+
+
+def test_a_train_pattern_on_a_fused_qkv_sends_q_k_and_v(checkpoints):
+    import torch
+
+    run = train_and_export(checkpoints("qwen3_vl"), "qwen3_vl", **PROJECTION_ONLY,
+                           train_patterns=[r"language_model\.decoder\.layers\.1\.self_attention\.linear_qkv"])
+    assert {n for n in run["trainable"] if n.startswith("language_model.")} == {
+        "language_model.decoder.layers.1.self_attention.linear_qkv.weight"}
+    check(sync_facts(run["original"], run["full"], run["sent"]), any_of(QWEN3_PROJECTION, QWEN3_LAYER1_QKV))
+    # weight_dtype: Bridge records it on the tasks; the trainable stream casts as the full export does.
+    bf16_full = dict(run["bridge"].export_hf_weights(run["chunks"], cpu=True, show_progress=False,
+                                                     weight_dtype=torch.bfloat16))
+    bf16_sent = list(run["export"](run["bridge"], run["chunks"], show_progress=False, weight_dtype=torch.bfloat16))
+    assert [n for n, _ in bf16_sent] == [n for n, _ in run["sent"]]
+    assert all(t.dtype == torch.bfloat16 and t.equal(bf16_full[n]) for n, t in bf16_sent)
+
+
+def test_qwen25_vl_hf_vision_tower_only(checkpoints):
+    run = train_and_export(checkpoints("qwen25_vl"), "qwen25_vl",
+                           freeze_language_model=True, freeze_vision_projection=True)
+    check(sync_facts(run["original"], run["full"], run["sent"]), any_of(QWEN25_VISION_TOWER))
+
+
+def test_lora_on_the_language_model_plus_full_rank_projection_sends_merged_bases(checkpoints):
+    run = train_and_export(checkpoints("qwen3_vl"), "qwen3_vl", **PROJECTION_ONLY,
+                           lora=["language_model.*linear_qkv", "language_model.*linear_proj"])
+    adapters = {n for n in run["trainable"] if ".adapter." in n}
+    assert adapters and {n for n in run["trainable"] - adapters if not n.startswith("vision_model.")} == set()
+    facts = sync_facts(run["original"], run["full"], run["sent"])
+    check(facts, any_of(QWEN3_PROJECTION, QWEN3_LM_ATTENTION))
+    assert {n for n in facts["changed"] if QWEN3_LM_ATTENTION.search(n)}  # the merged adapters did move them
+    # Without merging, Bridge exports the LoRA bases as they were loaded: only the projection can have changed.
+    unmerged = [n for n, _ in run["export"](run["bridge"], run["chunks"], show_progress=False,
+                                            merge_adapter_weights=False)]
+    assert set(unmerged) == {n for n in facts["full_names"] if QWEN3_PROJECTION.search(n)}
+
+
+def test_an_fp8_export_and_conflicting_arguments_are_refused(checkpoints):
+    import torch
+    from megatron.bridge import AutoBridge
+
+    from bridge_freeze_plugin import export_trainable_hf_weights
+    from bridge_freeze_plugin.sync import TrainableSyncError
+
+    bridge = AutoBridge.from_hf_pretrained(str(checkpoints("qwen3_vl")))
+    bridge.export_weight_dtype = "fp8"
+    with pytest.raises(TrainableSyncError, match=r"fp8.*everything=True"):
+        export_trainable_hf_weights(bridge, [torch.nn.Linear(1, 1)])
+    with pytest.raises(TrainableSyncError, match=r"weight_dtype.*conversion_tasks"):
+        export_trainable_hf_weights(bridge, [], weight_dtype=torch.bfloat16, conversion_tasks=[])
+
+
+# --- expert parallel 2 -----------------------------------------------------------------------------------------
+#: Train patterns name experts by their number in the whole model (``bridge-freeze plan --json``): with 4 experts
+#: under EP2 rank 0 holds experts 0-1 (local 0-1), rank 1 experts 2-3 (local 0-1). Each pattern below trains an
+#: expert that only ONE rank holds, so the other rank must still take part in exporting that layer's experts
+#: (Bridge gathers them over the EP group: a rank that skipped the task would leave its peer waiting).
+EP_PATTERNS = [r"language_model\.decoder\.layers\.0\.mlp\.experts\.local_experts\.1\.linear_fc1",  # rank 0
+               r"language_model\.decoder\.layers\.1\.mlp\.experts\.local_experts\.2\.linear_fc2"]  # rank 1
+EP_TRAINABLE_LOCAL = {0: ["language_model.decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"],
+                      1: ["language_model.decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight"]}
+
+
+def test_qwen3_vl_moe_expert_parallel_2(ep2):
+    assert not ep2["hung"], f"ranks {ep2['hung']} hung past {EP_TIMEOUT_S}s:\n" + "\n".join(ep2["logs"])
+    for rank in (0, 1):
+        result = ep2["ranks"].get(rank)
+        assert result is not None, f"rank {rank} wrote nothing:\n{ep2['logs'][rank][-4000:]}"
+        assert "traceback" not in result, f"rank {rank}: {result['traceback']}"
+        assert result["trainable_lm"] == EP_TRAINABLE_LOCAL[rank]
+        # HF keeps each layer's experts in one fused tensor: one expert trains -> the whole tensor is sent.
+        check(result, any_of(QWEN3_PROJECTION, MOE_LAYER0_GATE_UP, MOE_LAYER1_DOWN))
+        assert {"model.language_model.layers.0.mlp.experts.gate_up_proj",
+                "model.language_model.layers.1.mlp.experts.down_proj"} <= set(result["changed"])
+    assert ep2["ranks"][0]["sent_names"] == ep2["ranks"][1]["sent_names"]
+
+
+def start_ep2(checkpoint: Path, out: Path, world: int = 2) -> list[subprocess.Popen[str]]:
+    from bridge_freeze_harness.cpu_runtime import free_port
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    return [subprocess.Popen([sys.executable, __file__, "worker", str(rank), str(world), str(out), str(checkpoint)],
+                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for rank in range(world)]
+
+
+def collect_ep2(procs: list[subprocess.Popen[str]], out: Path) -> dict[str, Any]:
+    """Wait for the workers (EP_TIMEOUT_S from now at most; then all are killed); their results and logs."""
+    deadline = time.monotonic() + EP_TIMEOUT_S
+    logs, hung = [], []
+    for rank, proc in enumerate(procs):
+        try:
+            log, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung.append(rank)
+            for other in procs:
+                if other.poll() is None:
+                    other.kill()
+            log, _ = proc.communicate()
+        logs.append(log)
+    ranks = {rank: json.loads((out / f"rank{rank}.json").read_text())
+             for rank in range(len(procs)) if (out / f"rank{rank}.json").exists()}
+    return {"ranks": ranks, "hung": hung, "logs": logs}
+
+
+def _worker(rank: int, world: int, out: Path, checkpoint: Path) -> None:
+    import traceback
+
+    import torch
+
+    torch.set_num_threads(1)
+    result: dict[str, Any]
+    try:
+        from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
+
+        import_bridge()
+        init_cpu_distributed(expert_model_parallel_size=world, rank=rank, world_size=world)
+
+        run = train_and_export(checkpoint, "qwen3_vl_moe", **PROJECTION_ONLY, expert_model_parallel_size=world,
+                               train_patterns=EP_PATTERNS)
+        result = sync_facts(run["original"], run["full"], run["sent"])
+        result["trainable_lm"] = sorted(n for n in run["trainable"] if n.startswith("language_model."))
+    except BaseException:  # noqa: BLE001 - reported to the parent test
+        result = {"traceback": traceback.format_exc()}
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    _worker(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
