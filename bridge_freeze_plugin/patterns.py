@@ -109,6 +109,14 @@ class Pattern:
             clock.verdicts[name] = verdict
         return verdict
 
+    def may_match_under(self, prefix: str) -> bool:
+        """Whether a name under module ``prefix`` (or the module itself) could match: the pattern can train or freeze
+        something there. Decided on the pattern alone (partial matching), so it errs towards "could"."""
+        try:
+            return self.bounded.fullmatch(prefix + ".", partial=True, timeout=MATCH_BUDGET_S) is not None
+        except TimeoutError:
+            raise self._too_slow(prefix) from None
+
     def _allowed(self) -> float:
         return MATCH_BUDGET_S + MATCH_BUDGET_PER_NAME_S * (len(self._clock.verdicts) + 1)
 

@@ -7,7 +7,7 @@ module names) refine the flags; their syntax and rule are in :mod:`bridge_freeze
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -121,7 +121,31 @@ class FreezeSelection:
         return frozenset(part for name, part in FLAG_PARTS.items() if getattr(self, name))
 
     def trained_parts(self) -> frozenset[Part]:
+        """The parts whose flag lets them train (a train pattern may train parts of the others: see
+        :meth:`untrained_parts`)."""
         return frozenset(SELECTABLE_PARTS) - self.frozen_parts()
+
+    def untrained_parts(self, prefixes: Mapping[Part, Iterable[str]] | None = None) -> frozenset[Part]:
+        """The parts none of whose parameters will train at full rank: frozen by their flag, and no train pattern
+        can match a name under them (a train pattern wins over the flag).
+
+        ``prefixes``: each part's module prefixes (its family's); ``None`` (family unknown, e.g. a config read
+        alone): those of every registered family. A pattern that could match under one of them counts, so this
+        errs towards "may train"; what a built model trains is exact (``requires_grad``).
+        """
+        frozen = self.frozen_parts()
+        if not frozen or not self.patterns.train:
+            return frozen
+        if prefixes is None:
+            from bridge_freeze_plugin.registry import list_families
+
+            families = list_families()
+            prefixes = {part: [p for family in families for p in family.prefixes(part)] for part in frozen}
+        return frozenset(
+            part for part in frozen
+            if not any(pattern.may_match_under(prefix)
+                       for pattern in self.patterns.train for prefix in prefixes.get(part, ()))
+        )
 
     def set_flags(self) -> tuple[str, ...]:
         return tuple(name for name in FLAGS if getattr(self, name))

@@ -128,19 +128,42 @@ def check_schedule(rates: PartLearningRates, lr_warmup_init: float, lr_warmup_st
         )
 
 
-def _selections(model: Any) -> Iterator[Any]:
-    """The freeze selection recorded on each chunk (under Float16Module / DDP: on the module they wrap)."""
+def _states(model: Any) -> Iterator[Any]:
+    """The freeze state recorded on each chunk (under Float16Module / DDP: on the module they wrap)."""
     for chunk in model_chunks(model):
         inner, state = chunk, chunk_state(chunk)
         while state is None and hasattr(inner, "module"):
             inner = inner.module
             state = chunk_state(inner)
         if state is not None:
-            yield state.selection
+            yield state
+
+
+def _selections(model: Any) -> Iterator[Any]:
+    """The freeze selection recorded on each chunk."""
+    for state in _states(model):
+        yield state.selection
+
+
+def _untrained(model: Any) -> set[str]:
+    """Parts that train nowhere by the selection: frozen by their flag, and no train pattern reaches them."""
+    from bridge_freeze_plugin.registry import get_family
+
+    out: set[str] = set()
+    for state in _states(model):
+        family = get_family(state.family)
+        prefixes = {part: family.prefixes(part) for part in state.selection.frozen_parts()}
+        out.update(part.value for part in state.selection.untrained_parts(prefixes))
+    return out
 
 
 def check_model(model: Any, rates: PartLearningRates) -> frozenset[int]:
-    """The model was classified by the freeze; no LR is asked for a frozen part. Returns the adapters."""
+    """The model was classified by the freeze; no LR is asked for a part that does not train. Returns the adapters.
+
+    A part trains when one of its parameters does (``requires_grad``): a train pattern inside a part frozen by its
+    flag makes it train. A part with no parameter on this rank (another pipeline stage holds it) is decided by the
+    selection: frozen by its flag and reached by no train pattern.
+    """
     params = list(parameters(model))
     if not any(getattr(p, PART_ATTR, None) is not None for p in params):
         raise PartLearningRateError(
@@ -148,14 +171,21 @@ def check_model(model: Any, rates: PartLearningRates) -> frozenset[int]:
             f"carries its part ({PART_ATTR}); build the model through a provider the plugin covers "
             f"(import bridge_freeze_plugin before building), or remove the per-part learning rates"
         )
-    frozen = {part.value for selection in _selections(model) for part in selection.frozen_parts()}
+    selections = list(_selections(model))
+    flagged = {part.value for selection in selections for part in selection.frozen_parts()}
+    patterns = sorted({p for selection in selections for p in selection.train_patterns})
+    untrained = _untrained(model)
     trained = {p for p in (getattr(q, PART_ATTR, None) for q in params if q.requires_grad) if p is not None}
     for part in rates.names():
         local = [q for q in params if getattr(q, PART_ATTR, None) == part]
-        if part in frozen or (local and part not in trained):
+        if (local and part not in trained) or (not local and part in untrained):
+            why = f"freeze_{part}=True" if part in flagged else "freeze_patterns freeze all of it"
+            if part in flagged and patterns:
+                why += f" and no train pattern ({', '.join(map(repr, patterns))}) matches one of its parameters"
             raise PartLearningRateError(
-                f"lr_{part} is set, but the {part} is frozen (freeze_{part}=True, or no parameter of it "
-                f"trains): its learning rate would never apply; remove lr_{part} or unset freeze_{part}"
+                f"lr_{part} is set, but the {part} is frozen: none of its parameters trains ({why}), so its "
+                f"learning rate would never apply; remove lr_{part}, or unset freeze_{part} (or add a train pattern "
+                f"for the parameters of it that should train)"
             )
     adapters = adapter_ids(model)
     if rates.get(ADAPTERS) is not None and not adapters:

@@ -195,7 +195,9 @@ def read_part_learning_rates(
     """Read and check the per-part learning rates of one config section (e.g. ``megatron_config``).
 
     ``where`` is the section's dotted path, for messages (``trainer.policy.megatron_config`` in RL).
-    ``frozen``: the parts whose freeze flag is set; an LR for one of them is an error naming it.
+    ``frozen``: the parts that will not train: frozen by their flag and reached by no train pattern (pass
+    ``FreezeSelection.untrained_parts()``, not ``frozen_parts()``: a train pattern inside a frozen part makes it
+    train); an LR for one of them is an error naming it.
     ``lora``: whether LoRA is on (``None``: unknown, not checked); ``lr_adapters`` without LoRA is an error.
     Raises :class:`~bridge_freeze_plugin.errors.PartLearningRateError` (an ``InvalidFreezeConfigError``)
     naming the key: a value that is not a number (``True``, ``"1e-4"``, ``None`` for a minimum alone), a

@@ -26,6 +26,7 @@ import bridge_freeze_plugin as bfp
 from bridge_freeze_plugin import FreezeSelection, patterns
 from bridge_freeze_plugin.errors import InvalidPatternError
 from bridge_freeze_plugin.patterns import compile_pattern
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS
 
 # ------------------------------------------------------------------------------------------- realistic names
 
@@ -317,3 +318,130 @@ def test_a_catastrophic_shape_inside_a_longer_pattern_is_still_refused():
             with pytest.raises(InvalidPatternError, match="is refused"):
                 compile_pattern(text, "freeze")
     assert tried > 250
+
+
+# -------------------------------------------------- class 20: an LR for a frozen part that a train pattern trains
+
+#: Train patterns that make parameters of the vision encoder (frozen by its flag) train, in several shapes.
+REACHES_VISION = [r"vision_model\.decoder\.layers\.0", r"(?i)VISION_MODEL\.PATCH_EMBED",
+                  r".*layers\.1\.self_attention\.linear_proj", r"vision_model\.decoder\.layers\.[01]\.mlp"]
+#: Train patterns that cannot: they name the language model only.
+MISSES_VISION = [r"language_model\.decoder\.layers\.1", r"language_model\..*norm"]
+
+
+@pytest.mark.parametrize("train", REACHES_VISION)
+def test_config_lr_for_a_frozen_part_a_train_pattern_reaches_is_accepted(train):
+    from bridge_freeze_plugin.optim import read_part_learning_rates
+
+    selection = FreezeSelection(freeze_vision_model=True, train_patterns=[train])
+    assert selection.untrained_parts() == frozenset()
+    rates = read_part_learning_rates({"lr_vision_model": 1e-4}, frozen=selection.untrained_parts())
+    assert rates.as_dict() == {"lr_vision_model": 1e-4}
+
+
+@pytest.mark.parametrize("train", MISSES_VISION)
+def test_config_lr_for_a_frozen_part_no_train_pattern_reaches_is_still_refused(train):
+    from bridge_freeze_plugin.errors import PartLearningRateError
+    from bridge_freeze_plugin.optim import read_part_learning_rates
+
+    selection = FreezeSelection(freeze_vision_model=True, freeze_vision_projection=True, train_patterns=[train])
+    assert selection.untrained_parts() == {bfp.Part.VISION_MODEL, bfp.Part.VISION_PROJECTION}
+    with pytest.raises(PartLearningRateError, match=r"lr_vision_model is set, but the vision_model is frozen"):
+        read_part_learning_rates({"lr_vision_model": 1e-4}, frozen=selection.untrained_parts())
+
+
+def test_untrained_parts_with_a_familys_prefixes():
+    family = bfp.get_family("qwen3_vl")
+    prefixes = {part: family.prefixes(part) for part in SELECTABLE_PARTS}
+    everything = FreezeSelection(True, True, True, train_patterns=[r"vision_model\.merger"])
+    # The merger is the projection in this family; the pattern could also match under 'vision_model' (the
+    # projection lives inside it), so the check errs towards "may train" there: only the LM stays untrained.
+    assert everything.untrained_parts(prefixes) == {bfp.Part.LANGUAGE_MODEL}
+    glm = bfp.get_family("glm45v")
+    assert everything.untrained_parts({p: glm.prefixes(p) for p in SELECTABLE_PARTS}) == set(
+        SELECTABLE_PARTS)  # GLM-4.5V's parts are under 'visual': the pattern reaches none of them
+    assert FreezeSelection(freeze_vision_model=True).untrained_parts(prefixes) == {bfp.Part.VISION_MODEL}
+
+
+@pytest.fixture(scope="module")
+def lr_model(cpu_bridge):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
+
+    provider = bfp.make_freezable(make_provider("qwen3_vl"), FreezeSelection())
+    chunks = build_tiny_chunks("qwen3_vl", provider=provider)
+    chunks[0].ddp_config = DistributedDataParallelConfig()  # what get_megatron_optimizer reads off a chunk
+    yield chunks
+    bfp.apply_selection(chunks, bfp.get_family("qwen3_vl"), FreezeSelection())
+
+
+def _optimizer_groups(chunks, overrides):
+    """megatron-core's real optimizer with the overrides: its groups as (max_lr, parameter ids)."""
+    import torch
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    real = torch.tensor, torch.zeros
+
+    def on_cpu(make):  # megatron-core's FP32Optimizer makes two scalars on "cuda": make them on the CPU
+        return lambda *a, **k: make(*a, **{**k, "device": "cpu"} if k.get("device") == "cuda" else k)
+
+    torch.tensor, torch.zeros = on_cpu(real[0]), on_cpu(real[1])
+    try:
+        config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, clip_grad=0.0, weight_decay=0.1)
+        optimizer = get_megatron_optimizer(config, chunks, config_overrides=overrides)
+    finally:
+        torch.tensor, torch.zeros = real
+    return config, [(g["max_lr"], {id(p) for p in g["params"]}) for g in optimizer.param_groups]
+
+
+@pytest.mark.parametrize("train", REACHES_VISION)
+def test_built_lr_for_a_frozen_part_a_train_pattern_trains_applies_to_what_trains(lr_model, train):
+    from megatron.core.optimizer import OptimizerConfig
+
+    from bridge_freeze_plugin.optim import PartLearningRates, part_lr_overrides
+
+    chunks = lr_model
+    bfp.apply_selection(chunks, bfp.get_family("qwen3_vl"),
+                        FreezeSelection(freeze_vision_model=True, train_patterns=[train]))
+    named = dict(chunks[0].named_parameters())
+    rx = re.compile(train)
+    projection = ("vision_model.merger.", "vision_model.decoder.deepstack_merger_list.")
+    vision_trained = {n for n in named if n.startswith("vision_model.") and not n.startswith(projection)
+                      and any(rx.fullmatch(m) for m in modules_of(n))}
+    assert vision_trained and {n for n in vision_trained if named[n].requires_grad} == vision_trained
+    config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, clip_grad=0.0, weight_decay=0.1)
+    overrides = part_lr_overrides(config, chunks, PartLearningRates.of(lr_vision_model=5e-3))  # was refused
+    _, groups = _optimizer_groups(chunks, overrides)
+    lr_of = {pid: lr for lr, ids in groups for pid in ids}
+    assert {n for n in named if lr_of.get(id(named[n])) == 5e-3} == vision_trained
+
+
+@pytest.mark.parametrize("train", MISSES_VISION)
+def test_built_lr_for_a_frozen_part_nothing_of_which_trains_is_refused_truthfully(lr_model, train):
+    from megatron.core.optimizer import OptimizerConfig
+
+    from bridge_freeze_plugin.errors import PartLearningRateError
+    from bridge_freeze_plugin.optim import PartLearningRates, part_lr_overrides
+
+    bfp.apply_selection(lr_model, bfp.get_family("qwen3_vl"),
+                        FreezeSelection(freeze_vision_model=True, train_patterns=[train]))
+    config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, clip_grad=0.0, weight_decay=0.1)
+    with pytest.raises(PartLearningRateError, match=re.escape(
+            f"lr_vision_model is set, but the vision_model is frozen: none of its parameters trains "
+            f"(freeze_vision_model=True and no train pattern ({train!r}) matches one of its parameters)")):
+        part_lr_overrides(config, lr_model, PartLearningRates.of(lr_vision_model=5e-3))
+
+
+def test_built_lr_for_a_part_freeze_patterns_freeze_whole_is_refused(lr_model):
+    from megatron.core.optimizer import OptimizerConfig
+
+    from bridge_freeze_plugin.errors import PartLearningRateError
+    from bridge_freeze_plugin.optim import PartLearningRates, part_lr_overrides
+
+    bfp.apply_selection(lr_model, bfp.get_family("qwen3_vl"),
+                        FreezeSelection(freeze_patterns=[r"vision_model\.(merger|decoder\.deepstack_merger_list)"]))
+    config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, clip_grad=0.0, weight_decay=0.1)
+    with pytest.raises(PartLearningRateError, match=r"vision_projection is frozen: none of its parameters trains "
+                                                    r"\(freeze_patterns freeze all of it\)"):
+        part_lr_overrides(config, lr_model, PartLearningRates.of(lr_vision_projection=5e-3))
