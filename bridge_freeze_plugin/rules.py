@@ -193,32 +193,40 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
 _REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
 
 
-def lora_target_parts(target: str, family: FamilySpec) -> frozenset[Part | None] | None:
-    """The parts whose modules a LoRA target can reach, as Bridge matches targets; ``None``: the config cannot tell.
+def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
+    """``(parts it may reach, parts it certainly reaches)`` for a LoRA target, as Bridge matches targets;
+    ``None`` when the config cannot tell (a leaf name, or regex characters).
 
     Bridge (``ModuleMatcher.match``) puts an adapter on a module whose own name equals the target, or whose full
-    name matches it with ``*`` standing for any text. A target without a ``.`` is a leaf name, found in any
-    part: only the built model tells. A full name reaches the names that start with its literal head (the text
-    before the first ``*``): the part of the longest family prefix that head lies under, and every part with a
-    prefix that begins with the head. (``.`` is read as the separator it stands for in module names.) ``None`` in
-    the set: names under no prefix.
+    name matches it with ``*`` standing for any text. A name without ``.`` or ``*`` is a leaf name, found in any
+    part: only the built model tells. Otherwise the names it matches start with its literal head (the text before
+    the first ``*``): they may lie in the part of the longest family prefix the head lies under, and in every part
+    with a prefix that begins with the head (``None``: names under no prefix). It certainly reaches a part when
+    that is the only part it may reach, or when it ends with ``*`` and so matches every module under one of the
+    part's prefixes (``vision_model.*`` covers ``vision_model.merger``). (``.`` is read as the separator it stands
+    for in module names.)
     """
-    if "." not in target or _REGEX_CHARACTERS & set(target):
+    if ("." not in target and "*" not in target) or _REGEX_CHARACTERS & set(target):
         return None
     if "*" not in target:
-        return frozenset({family.classify(target)})
-    head = target.split("*", 1)[0]
+        part = family.classify(target)
+        return frozenset({part}), frozenset({part} - {None})
+    head, _, rest = target.partition("*")
     prefixes = [(prefix, part) for part in (*SELECTABLE_PARTS, Part.OTHER) for prefix in family.prefixes(part)]
     above = [(prefix, part) for prefix, part in prefixes if head.startswith(prefix + ".")]
     base = max(above, key=lambda item: len(item[0]))[1] if above else None
-    return frozenset({base, *(part for prefix, part in prefixes if prefix.startswith(head))})
+    may = frozenset({base, *(part for prefix, part in prefixes if prefix.startswith(head))})
+    certain = set(may - {None}) if len(may) == 1 else set()
+    if not rest.strip("*"):  # ends with "*": every name that starts with the head
+        certain |= {part for prefix, part in prefixes if (prefix + ".").startswith(head)}
+    return may, frozenset(certain)
 
 
 def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None) -> list[str]:
-    """A LoRA target that can only reach modules of a part trained at full rank: an overlap the build refuses.
+    """A LoRA target that certainly reaches modules of a part trained at full rank: an overlap the build refuses.
 
-    Refused only when certain (the target reaches that part alone, and no freeze pattern could make its tensors
-    frozen), so the config never refuses what the build accepts. A target that may also reach a full-rank part
+    Refused only when certain (:func:`lora_target_parts`, and no freeze pattern could make those tensors
+    frozen), so the config does not refuse what the build accepts. A target that may also reach a full-rank part
     (``vision_model.*linear_qkv`` next to a full-rank ``vision_model.merger``), a leaf name (Bridge's defaults), or
     a run with freeze patterns is checked against the built model: the build raises ``LoraOverlapError`` before
     training if adapters land on a full-rank parameter (logged here as a warning).
@@ -229,14 +237,14 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
     full_rank = {p for p in s.selection.trained_parts()}
     found, maybe = [], []
     for target in ([targets] if isinstance(targets, str) else list(targets)):
-        parts = lora_target_parts(str(target), family)
-        if parts is None or not parts & full_rank:
+        reach = lora_target_parts(str(target), family)
+        if reach is None or not reach[0] & full_rank:
             continue
-        (only,) = parts if len(parts) == 1 else (None,)
-        if only is not None and not s.selection.freeze_patterns:
-            found.append(f"{target!r} (in {only.value})")
+        hit = sorted(p.value for p in reach[1] & full_rank)
+        if hit and not s.selection.freeze_patterns:
+            found.append(f"{target!r} (in {', '.join(hit)})")
         else:
-            maybe.append(f"{target!r} (may reach {', '.join(sorted(p.value for p in parts & full_rank))})")
+            maybe.append(f"{target!r} (may reach {', '.join(sorted(p.value for p in reach[0] & full_rank))})")
     if maybe and is_rank0():
         logger.warning(
             "bridge-freeze: LoRA target_modules %s: adapters there may land on parameters trained at full rank; "

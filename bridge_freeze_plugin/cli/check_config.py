@@ -119,8 +119,17 @@ def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
     }
 
 
+def _jsonable(value: Any) -> Any:
+    """``value`` with every mapping key a string (a config may mix ``1:`` and ``a:`` keys; JSON sorts keys)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
 def _print_json(doc: dict[str, Any]) -> None:
-    out(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    out(json.dumps(_jsonable(doc), indent=2, sort_keys=True, default=str))
 
 
 def _print_header(checked: Any, file: str | None, overrides: list[str]) -> None:
@@ -135,7 +144,8 @@ def _print_header(checked: Any, file: str | None, overrides: list[str]) -> None:
     out(f"family: {_family_line(checked)}")
     out("settings read:")
     for key, value, source in _settings(checked):
-        out(f"  {key} = {json.dumps(value) if not isinstance(value, str) else value}  ({source})")
+        shown = value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)
+        out(f"  {key} = {shown}  ({source})")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

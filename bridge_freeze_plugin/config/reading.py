@@ -16,7 +16,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.config.layouts import Layout, plugin_sections
 from bridge_freeze_plugin.config.loading import FOUND, brief, lookup
-from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError, PartLearningRateError
+from bridge_freeze_plugin.errors import (
+    FreezeFlagTypeError,
+    InvalidFreezeConfigError,
+    InvalidPatternError,
+    PartLearningRateError,
+)
 from bridge_freeze_plugin.optim.settings import LR_KEYS, looks_like_lr_key, read_part_learning_rates
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, FreezeSelection
@@ -215,6 +220,14 @@ def read_selection(
         return FreezeSelection(**{str(k): v for k, v in section.items() if k in FLAGS}, **patterns)
     except InvalidFreezeConfigError as exc:
         raise type(exc)(f"{where}: {exc}") from None
+    except (OverflowError, RecursionError) as exc:
+        # Python's regex compiler raises these, not re.error, for a repetition count above 4294967295 or
+        # groups nested a few hundred deep: still the user's pattern, so still a config error naming it.
+        raise InvalidPatternError(
+            f"{where}: a pattern in {', '.join(k for k in PATTERN_KEYS if patterns.get(k))} cannot be compiled "
+            f"({type(exc).__name__}: {brief(exc)}): a repetition count above 4294967295 or groups nested hundreds "
+            "deep; simplify it"
+        ) from None
 
 
 Source = Callable[[str], str]
@@ -261,10 +274,12 @@ def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting
 def _plugin_key(key: str) -> str | None:
     """``"flag"`` for a freeze flag or pattern key (or a near-misspelling of a flag), ``"lr"`` for a key shaped
     like a per-part learning rate, else ``None``."""
+    if looks_like_lr_key(key):
+        return "lr"
     if key in FLAGS or key in PATTERN_KEYS or difflib.get_close_matches(key.lower(), FLAGS, n=1,
                                                                          cutoff=_MISSPELLING_CUTOFF):
         return "flag"
-    return "lr" if looks_like_lr_key(key) else None
+    return None
 
 
 def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
@@ -362,7 +377,8 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
     # Per-part learning rates (lr_<part>, min_lr_<part>): next to the flags, or (Bridge) on the optimizer
     # override provider; checked as they are read.
     learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, flags), where=layout.lr_section,
-                                              frozen=selection.frozen_parts(), lora=lora.enabled)
+                                              frozen=selection.frozen_parts(), lora=lora.enabled,
+                                              flags_where=layout.flags)
     return RunSettings(
         layout=layout.name,
         selection=selection,

@@ -191,6 +191,7 @@ def read_part_learning_rates(
     where: str = "megatron_config",
     frozen: Iterable[str | Part] = (),
     lora: bool | None = None,
+    flags_where: str | None = None,
 ) -> PartLearningRates:
     """Read and check the per-part learning rates of one config section (e.g. ``megatron_config``).
 
@@ -199,6 +200,7 @@ def read_part_learning_rates(
     ``FreezeSelection.untrained_parts()``, not ``frozen_parts()``: a train pattern inside a frozen part makes it
     train); an LR for one of them is an error naming it.
     ``lora``: whether LoRA is on (``None``: unknown, not checked); ``lr_adapters`` without LoRA is an error.
+    ``flags_where``: the section holding the freeze flags, when it is not ``where`` (Bridge: ``model``).
     Raises :class:`~bridge_freeze_plugin.errors.PartLearningRateError` (an ``InvalidFreezeConfigError``)
     naming the key: a value that is not a number (``True``, ``"1e-4"``, ``None`` for a minimum alone), a
     negative or non-finite one, a minimum above its peak or without a peak, a key shaped like a learning rate
@@ -209,10 +211,11 @@ def read_part_learning_rates(
     _unknown_keys(section, prefix)
     parts = tuple(p for p in (_part_lr(section, part, prefix) for part in LR_PARTS) if p is not None)
     frozen_names = {Part(p).value for p in frozen}
+    flag_prefix = prefix if flags_where is None else (f"{flags_where}." if flags_where else "")
     for p in parts:
         if p.part in frozen_names:
             raise PartLearningRateError(
-                f"{prefix}lr_{p.part} is set, but the {p.part} is frozen ({prefix}freeze_{p.part}=true): a frozen "
+                f"{prefix}lr_{p.part} is set, but the {p.part} is frozen ({flag_prefix}freeze_{p.part}=true): a frozen "
                 f"part does not train, so its learning rate would never apply"
                 + ("; with LoRA its adapters train: set lr_adapters instead" if lora else "")
                 + f"; remove {prefix}lr_{p.part} or unset the flag"
