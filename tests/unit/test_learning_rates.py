@@ -3,7 +3,8 @@
 Every optimizer test compares one step with per-part LRs against single-LR steps from the same weights and
 gradients: each part must move exactly as a run at its own LR moves it. megatron-core's ``FP32Optimizer`` runs
 here (fp32 weights, no DDP buffers); its one CUDA tensor (a constant loss scale of 1.0) is made on the CPU.
-The distributed optimizer needs DDP's gradient buffers, which megatron-core allocates on CUDA only.
+The distributed optimizer (DDP's gradient buffers) runs inside Bridge's real training loop in
+tests/unit/test_bridge_training.py.
 """
 
 from __future__ import annotations
@@ -284,8 +285,8 @@ def test_settings_under_which_a_part_lr_would_not_apply_raise(rig, change, named
 
 def test_bridge_provider_and_scheduler_follow_the_global_shape(rig):
     """The provider as Bridge's ``setup_optimizer`` uses it: ``build_config_overrides(context)``, then
-    ``get_megatron_optimizer(config_overrides=...)`` and megatron-core's ``OptimizerParamScheduler``. (Bridge's
-    ``training`` package itself does not import here: it needs ``datasets`` and ``megatron.energon``.)"""
+    ``get_megatron_optimizer(config_overrides=...)`` and megatron-core's ``OptimizerParamScheduler``. (Bridge's own
+    ``setup_optimizer``: the last test here, and tests/unit/test_bridge_training.py inside ``pretrain()``.)"""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     from bridge_freeze_plugin.optim import PartLROverrideProvider, verify_part_learning_rates
@@ -364,42 +365,44 @@ def test_lora_adapters_move_at_their_own_lr(lora_rig):
         _overrides(rig, config, lr_language_model=1e-4)
 
 
-def test_bridges_setup_optimizer_is_checked_automatically(rig, monkeypatch, caplog):
-    """Bridge's ``megatron.bridge.training.optim`` cannot be imported here (it needs ``datasets``): a module of
-    that name holding a ``setup_optimizer`` with Bridge's signature stands in for it, and activation wraps it
-    as it wraps Bridge's. The stand-in builds the optimizer the way Bridge's does (overrides from the provider)
-    or, to show the check, ignores the provider as a misconfigured build would."""
-    import sys
-    import types
+def test_bridges_setup_optimizer_is_checked_automatically(rig, caplog):
+    """Bridge's real ``setup_optimizer`` (``megatron.bridge.training.optim``), as activation wraps it: it builds the
+    optimizer from the provider's overrides, then the plugin checks what it built. A provider whose per-part
+    overrides never reach the optimizer (it hands Bridge only Bridge's default overrides) is caught."""
+    from megatron.bridge.training import optim as bridge_optim
+    from megatron.bridge.training import setup as bridge_setup
+    from megatron.bridge.training.config import OptimizerConfigOverrideProvider, SchedulerConfig
 
     import bridge_freeze_plugin as bfp
-    from bridge_freeze_plugin.activation import _check_part_learning_rates
     from bridge_freeze_plugin.optim import PartLROverrideProvider
 
-    def setup_optimizer(optimizer_config, scheduler_config, model, use_gloo_process_groups=False,
-                        pg_collection=None, optimizer_config_override_provider=None):
-        context = types.SimpleNamespace(optimizer_config=optimizer_config, scheduler_config=scheduler_config,
-                                        model=model)
-        overrides = None
-        if optimizer_config_override_provider is not None and scheduler_config != "ignore the provider":
-            overrides = optimizer_config_override_provider.build_config_overrides(context)
-        return rig.build(optimizer_config, overrides), None
+    class IgnoredByTheBuild(PartLROverrideProvider):
+        def build_config_overrides(self, context):
+            return OptimizerConfigOverrideProvider().build_config_overrides(context)
 
-    module = types.ModuleType("megatron.bridge.training.optim")
-    module.setup_optimizer = setup_optimizer
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    _check_part_learning_rates(module)
-    assert module.setup_optimizer is not setup_optimizer  # wrapped while active
-    provider = PartLROverrideProvider(lr_vision_projection=2e-2)
+    original = getattr(bridge_optim.setup_optimizer, "__bridge_freeze_wrapped__", None)
+    assert original is not None and bridge_setup.setup_optimizer is bridge_optim.setup_optimizer  # wrapped while active
+    scheduler_config = SchedulerConfig(lr_decay_style="linear", start_weight_decay=0.1, end_weight_decay=0.1,
+                                       weight_decay_incr_style="constant")
+    # the step counts Bridge's ConfigContainer derives from the training length
+    scheduler_config.lr_warmup_steps, scheduler_config.lr_decay_steps, scheduler_config.wd_incr_steps = 0, 20, 20
     config = rig.config()
-    with caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):
-        optimizer, _ = module.setup_optimizer(config, None, rig.chunks, optimizer_config_override_provider=provider)
-    assert optimizer is not None
-    assert "per-part learning rates applied: vision_projection 0.02" in caplog.text  # the rank-0 line
-    with pytest.raises(PartLearningRateError, match=r"lr_vision_projection=0\.02"):
-        module.setup_optimizer(config, "ignore the provider", rig.chunks, optimizer_config_override_provider=provider)
+    with _cpu_for_cuda(), caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):
+        optimizer, _scheduler = bridge_optim.setup_optimizer(
+            config, scheduler_config, rig.chunks,
+            optimizer_config_override_provider=PartLROverrideProvider(lr_vision_projection=2e-2))
+    assert "per-part learning rates applied: vision_projection 0.02 (min 0.002)" in caplog.text  # the rank-0 line
+    for group in optimizer.param_groups:
+        parts = {rig.part_of(n) for n, p in rig.named.items() if any(p is q for q in group["params"])}
+        assert group["max_lr"] == (2e-2 if parts == {"vision_projection"} else GLOBAL_LR), parts
+    with _cpu_for_cuda(), pytest.raises(PartLearningRateError, match=r"lr_vision_projection=0\.02"):
+        bridge_optim.setup_optimizer(config, scheduler_config, rig.chunks,
+                                     optimizer_config_override_provider=IgnoredByTheBuild(lr_vision_projection=2e-2))
     bfp.deactivate()
     try:
-        assert module.setup_optimizer is setup_optimizer  # deactivate undoes it
+        # undone. (Not checked: megatron.bridge.training.setup's own name, imported from the already-wrapped optim
+        # module, stays wrapped after deactivate: reported to the plugin's owner.)
+        assert bridge_optim.setup_optimizer is original
     finally:
         bfp.activate()
+    assert bridge_optim.setup_optimizer.__bridge_freeze_wrapped__ is original

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,40 +47,25 @@ def lora(targets):
     return LoRA(target_modules=list(targets), dim=4, alpha=8)
 
 
-# Bridge's own setup module (megatron.bridge.training.setup) and checkpoint module (training.checkpointing)
-# cannot be imported here: they need the `datasets` and `nvidia-modelopt` packages, which Bridge's training
-# stack pulls in and this CPU environment does not install. The two helpers below do what their functions do
-# (read from Bridge 0.6.2: setup._apply_peft_transformation, setup._create_peft_pre_wrap_hook,
-# checkpointing.apply_peft_adapter_filter_to_state_dict), calling Bridge's real PEFT methods.
+def bridge_peft_hook(peft):
+    """Bridge's own PEFT step (``setup._apply_peft_transformation``: apply for training, record params_to_save) as a
+    pre-wrap hook. Bridge's ``setup()`` wraps it in a closure over ``cfg`` that first loads the pretrained
+    checkpoint (``setup._create_peft_pre_wrap_hook``): that whole path runs in tests/unit/test_bridge_training.py."""
+    from megatron.bridge.training.setup import _apply_peft_transformation
+
+    return functools.partial(_apply_peft_transformation, peft)
 
 
-def apply_peft_as_bridge_setup_does(peft, model):
-    """setup._apply_peft_transformation: apply the PEFT for training, then record params_to_save."""
-    model = peft(model, training=True)
-    peft.set_params_to_save(model)
-    return model
+def bridge_checkpoint_filter(state_dict, peft):
+    """Bridge's own filter of what a PEFT checkpoint saves, on the model section."""
+    from megatron.bridge.training.checkpointing import apply_peft_adapter_filter_to_state_dict
+
+    return apply_peft_adapter_filter_to_state_dict({"model": state_dict}, peft)["model"]
 
 
-def bridge_setup_hook(peft):
-    """Shaped like setup._create_peft_pre_wrap_hook's closure: it reaches the PEFT through ``cfg.peft``."""
-    from types import SimpleNamespace
-
-    cfg = SimpleNamespace(peft=peft)
-
-    def peft_pre_wrap_hook(model):
-        return apply_peft_as_bridge_setup_does(cfg.peft, model)
-
-    return peft_pre_wrap_hook
-
-
-def filter_as_bridge_checkpoint_does(state_dict, peft):
-    """checkpointing.apply_peft_adapter_filter_to_state_dict on the model section: Bridge's own key filter."""
-    return {k: v for k, v in state_dict.items() if peft.adapter_key_filter(k) and "_extra_state" not in k}
-
-
-def build_qwen3(selection, peft, *, as_setup_hook=True):
+def build_qwen3(selection, peft, *, as_bridge_hook=True):
     provider = make_freezable(make_provider("qwen3_vl"), selection)
-    provider.register_pre_wrap_hook(bridge_setup_hook(peft) if as_setup_hook else peft)
+    provider.register_pre_wrap_hook(bridge_peft_hook(peft) if as_bridge_hook else peft)
     return provider, build_tiny_chunks("qwen3_vl", provider=provider)
 
 
@@ -170,7 +156,7 @@ def test_hook_order_does_not_change_what_trains(cpu_bridge, order):
 
     selection = FreezeSelection(True, True, False)
     provider = make_freezable(make_provider("qwen3_vl"), selection)
-    peft_hook = bridge_setup_hook(lora(["linear_qkv"]))
+    peft_hook = bridge_peft_hook(lora(["linear_qkv"]))
     if order == "lora-first":
         provider.register_pre_wrap_hook(peft_hook)
         provider.register_pre_wrap_hook(perturb_in_place)
@@ -188,18 +174,21 @@ def test_hook_order_does_not_change_what_trains(cpu_bridge, order):
 
 def test_a_peft_object_registered_as_the_hook_works_too(cpu_bridge):
     peft = lora(["linear_qkv"])
-    _, chunks = build_qwen3(FreezeSelection(True, True, False), peft, as_setup_hook=False)
+    _, chunks = build_qwen3(FreezeSelection(True, True, False), peft, as_bridge_hook=False)
     projection = {n for n in names(chunks) if QWEN3_PARTS["vision_projection"].match(n)}
     assert projection and projection <= trainable(chunks)
     assert projection <= peft.params_to_save
 
 
 def test_the_peft_behind_a_hook_is_found_wherever_it_is_held(cpu_bridge):
+    from megatron.bridge.training.setup import _create_peft_pre_wrap_hook
+
     from bridge_freeze_plugin.build.lora import find_peft
 
     peft = lora(["linear_qkv"])
-    assert find_peft(bridge_setup_hook(peft)) is peft  # a closure over cfg (cfg.peft), as Bridge's setup() makes
-    assert find_peft(functools.partial(apply_peft_as_bridge_setup_does, peft)) is peft
+    setup_hook = _create_peft_pre_wrap_hook(SimpleNamespace(peft=peft), state=None)  # Bridge's setup() makes this
+    assert find_peft(setup_hook) is peft  # a closure over cfg (cfg.peft)
+    assert find_peft(bridge_peft_hook(peft)) is peft
     assert find_peft(peft) is peft
     assert find_peft(lambda model: model) is None
 
@@ -212,7 +201,7 @@ VISION_QKV_ADAPTER = re.compile(r"^visual\.blocks\.\d+\.attn\.qkv\.linear_(in|ou
 
 def build_qwen25(selection, peft):
     provider = make_freezable(make_provider("qwen25_vl"), selection)
-    provider.register_pre_wrap_hook(bridge_setup_hook(peft))
+    provider.register_pre_wrap_hook(bridge_peft_hook(peft))
     return provider, build_tiny_chunks("qwen25_vl", provider=provider)
 
 
@@ -251,7 +240,7 @@ def test_checkpoint_round_trip_keeps_adapters_and_full_rank_parts(cpu_bridge, tm
         for name, p in chunk.named_parameters():
             if name in trained:
                 p.add_(torch.randn_like(p))
-    saved = filter_as_bridge_checkpoint_does(dict(chunk.sharded_state_dict()), peft)
+    saved = bridge_checkpoint_filter(dict(chunk.sharded_state_dict()), peft)
     expected_keys = {n.replace(".to_wrap.", ".") for n in trained}
     assert set(saved) == expected_keys  # nothing trained is dropped, nothing frozen is kept
     tensors = {k: v.data.clone() for k, v in saved.items()}
