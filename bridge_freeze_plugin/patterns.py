@@ -220,6 +220,40 @@ def compile_pattern(text: Any, kind: str) -> Pattern:
     return Pattern(kind, text, exact, bounded)
 
 
+def bridge_target_regex(target: str) -> str:
+    """The regular expression Bridge's LoRA matches a ``target_modules`` / ``exclude_modules`` entry as: ``'^' +
+    target.replace('*', '(.*)') + '$'`` (``megatron.bridge.peft.utils.wildcard_match``), nothing escaped."""
+    return "^" + target.replace("*", "(.*)") + "$"
+
+
+def check_lora_targets(targets: Iterable[Any], where: str = "target_modules") -> None:
+    """Refuse a LoRA target Bridge's matcher would crash on or hang on, before LoRA is applied.
+
+    Bridge matches every target against every module name as :func:`bridge_target_regex` (a regex, not only a
+    wildcard), with no time bound: a target with a catastrophic-backtracking shape (``(a+)+``, ``*.*.*x``...)
+    hangs the build as a pattern would. Raises :class:`InvalidPatternError` naming the entry.
+    """
+    for target in targets:
+        if not isinstance(target, str):
+            continue  # the type is the config reader's business
+        text = bridge_target_regex(target)
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise InvalidPatternError(
+                f"LoRA {where} entry '{target}' is not a valid target: Bridge matches it against module names as "
+                f"the regular expression '{text}' ('*' becomes '(.*)'), which is invalid ({exc}); use module names "
+                f"('linear_qkv') or wildcards ('vision_model.*linear_qkv')"
+            ) from None
+        risk = backtracking_risk(text)
+        if risk is not None:
+            raise InvalidPatternError(
+                f"LoRA {where} entry '{target}' is refused: Bridge matches it against every module name as the "
+                f"regular expression '{text}' ('*' becomes '(.*)'), with no time bound, and {risk.detail}; use "
+                f"module names ('linear_qkv') or one '*' between names ('vision_model.*linear_qkv')"
+            )
+
+
 @dataclass(frozen=True)
 class PatternSet:
     """The compiled train and freeze patterns of a selection; falsy when there are none."""

@@ -47,6 +47,10 @@ _ASCII = 128
 _OTHER = 1 << _ASCII
 _ALL = (1 << (_ASCII + 1)) - 1
 _MANY = 2
+#: The characters of parameter names; a single atom matching at least :data:`_BROAD` of them is "broad": it can be
+#: crossed almost anywhere in a name, like a repeat.
+_NAME_CHARS = sum(1 << ord(c) for c in "abcdefghijklmnopqrstuvwxyz0123456789_.")
+_BROAD = 19
 
 EXPONENTIAL = "exponential"
 POLYNOMIAL = "polynomial"
@@ -263,11 +267,13 @@ class _Automaton:
         return any(component[a] == component[b] and component[a] in has_diagonal for a, b in diverge)
 
     def adjacent_repeats(self) -> int:
-        """The longest chain of self-repeating atoms, each followed directly by the next, with overlapping sets."""
+        """The longest chain of self-repeating atoms with overlapping sets, each followed by the next directly or
+        through single atoms that match most characters of a name (``.*.*``, ``(.*).(.*)``, ``\\w*[a-z]\\w*``):
+        every such step multiplies the ways by the name's length. A literal in between (``.*attn.*qkv``) does not
+        count: it can only be crossed where it occurs."""
         looping = [p for p, row in enumerate(self.follow) if p in row]
-        nxt = {p: [q for q in self.follow[p] if q != p and q in self.follow[q] and self.masks[p] & self.masks[q]]
-               for p in looping}
         component = _components([list(self.follow[p]) for p in range(len(self.masks))])
+        nxt = {p: [q for q in self._reach(p) if component[q] != component[p]] for p in looping}
         memo: dict[int, int] = {}
 
         def longest(p: int, depth: int = 0) -> int:
@@ -275,11 +281,30 @@ class _Automaton:
                 return memo[p]
             if depth > len(self.masks):
                 return 1
-            best = 1 + max((longest(q, depth + 1) for q in nxt[p] if component[q] != component[p]), default=0)
+            best = 1 + max((longest(q, depth + 1) for q in nxt[p]), default=0)
             memo[p] = best
             return best
 
         return max((longest(p) for p in looping), default=0)
+
+    def _reach(self, start: int) -> set[int]:
+        """Self-repeating atoms after ``start`` whose set overlaps its own, directly or through broad single atoms."""
+        out: set[int] = set()
+        seen = {start}
+        frontier = [start]
+        while frontier:
+            nxt = []
+            for p in frontier:
+                for q in self.follow[p]:
+                    if q in seen or not self.masks[q] & self.masks[start]:
+                        continue
+                    seen.add(q)
+                    if q in self.follow[q]:
+                        out.add(q)
+                    elif bin(self.masks[q] & _NAME_CHARS).count("1") >= _BROAD:
+                        nxt.append(q)
+            frontier = nxt
+        return out
 
 
 def _components(succ: list[list[int]]) -> list[int]:

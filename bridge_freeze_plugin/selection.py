@@ -59,7 +59,7 @@ def pattern_tuple(value: Any, key: str) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, Mapping) or not hasattr(value, "__iter__"):
+    if isinstance(value, bytes | bytearray | memoryview | Mapping) or not hasattr(value, "__iter__"):
         raise InvalidPatternError(
             f"{key} must be a list of regular expressions (or one string), got {value!r} of type {type_name(value)}"
         )

@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from bridge_freeze_plugin.errors import CommandError
+from bridge_freeze_plugin.patterns import check_lora_targets
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
 
 LR_OPTIONS = {part.value: f"lr_{part.value}" for part in SELECTABLE_PARTS}
@@ -89,6 +90,7 @@ def make_lora(args: argparse.Namespace) -> Any | None:
         if args.lora_target_modules:
             raise CommandError("--lora-target-modules needs --lora-rank N (N > 0)")
         return None
+    check_lora_targets(args.lora_target_modules or (), "--lora-target-modules")  # Bridge matches them as regexes
     from megatron.bridge.peft.lora import LoRA
 
     lora = LoRA(dim=args.lora_rank, alpha=2 * args.lora_rank)
@@ -98,13 +100,16 @@ def make_lora(args: argparse.Namespace) -> Any | None:
 
 
 def part_learning_rates(args: argparse.Namespace, selection: FreezeSelection) -> dict[str, float]:
-    """part -> LR for the parts given one; an LR for a part that is frozen (and not patterned) is refused."""
+    """part -> LR for the parts given one; an LR for a part that will not train is refused: frozen by its flag
+    and reached by no --train pattern (one that reaches it trains part of it)."""
     rates = {part: getattr(args, key) for part, key in LR_OPTIONS.items() if getattr(args, key, None) is not None}
-    frozen = {p.value for p in selection.frozen_parts()}
-    refused = sorted(set(rates) & frozen) if not selection.train_patterns else []
+    untrained = {p.value for p in selection.untrained_parts()}
+    refused = sorted(set(rates) & untrained)
     if refused:
+        option = refused[0].replace("_", "-")
+        patterns = " and no --train pattern reaches it" if selection.train_patterns else ""
         raise CommandError(
-            f"--lr-{refused[0].replace('_', '-')} is given, but --freeze-{refused[0].replace('_', '-')} freezes that "
-            f"part: its learning rate would never apply. Drop one of the two"
+            f"--lr-{option} is given, but --freeze-{option} freezes that part{patterns}: its learning rate would "
+            f"never apply. Drop one of the two"
         )
     return rates

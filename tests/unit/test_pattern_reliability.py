@@ -91,7 +91,8 @@ EXPONENTIAL = [
 ]
 # Polynomial of high degree: three or more overlapping unbounded repeats in a row.
 POLYNOMIAL = [r".*.*.*x", r"(.*)(.*)(.*)x", r"\w*\w*\w*!", r"[a-z_.0-9]*[a-z_.0-9]*[a-z_.0-9]*[a-z_.0-9]*!",
-              r".+.+.+.+x", r"language_model.*.*.*x", r"\w+_?\w+_?\w+!"]
+              r".+.+.+.+x", r"language_model.*.*.*x", r"\w+_?\w+_?\w+!", r"(.*).(.*).(.*)x", r".*[a-z].*[a-z].*!",
+              r"\w*[a-z]\w*[a-z_]\w*!"]
 
 
 @pytest.mark.parametrize("text", EXPONENTIAL + POLYNOMIAL)
@@ -128,7 +129,8 @@ REALISTIC = [
     r"(layers\.[0-9]+\.)*x", r"language_model\.decoder\.layers\.(4[0-7]|3[0-9])", r".*.*router.*",
     r"vision_model\.decoder\.(layers\.(1[0-9]|2[0-6])|deepstack_merger_list)", r"[a-z_]+\.merger",
     r"([a-z]+_)*model\.embedding", r"language_model(\.[a-z_]+)+",
-    r".*weight1[0-9]", r"(language|vision)_model\.decoder\.layers\.0\..*",
+    r".*weight1[0-9]", r"(language|vision)_model\.decoder\.layers\.0\..*", r".*\..*\..*\..*fc1",
+    r".*a.*e.*r.*router",
 ]
 
 
@@ -445,3 +447,57 @@ def test_built_lr_for_a_part_freeze_patterns_freeze_whole_is_refused(lr_model):
     with pytest.raises(PartLearningRateError, match=r"vision_projection is frozen: none of its parameters trains "
                                                     r"\(freeze_patterns freeze all of it\)"):
         part_lr_overrides(config, lr_model, PartLearningRates.of(lr_vision_projection=5e-3))
+
+
+# ------------------------------------------------------------------ siblings: other user text read as a regex
+
+
+@pytest.mark.parametrize("target", [r"(a+)+", r"*.*.*x", r"(_?[a-z]+)+qkv", r"**.*qkv", r"*[a-z]*[a-z]*!"])
+def test_a_lora_target_bridge_would_hang_on_is_refused(target):
+    # Bridge matches every target as '^' + target.replace('*', '(.*)') + '$', with no time bound.
+    from bridge_freeze_plugin.patterns import check_lora_targets
+
+    with pytest.raises(InvalidPatternError, match=re.escape(f"LoRA target_modules entry '{target}' is refused")):
+        check_lora_targets(["linear_qkv", target])
+
+
+@pytest.mark.parametrize("target", ["linear_qkv", "vision_model.*linear_qkv", "*.layers.*.linear_fc1", "*a**b"])
+def test_lora_targets_people_write_are_accepted(target):
+    from bridge_freeze_plugin.patterns import check_lora_targets
+
+    check_lora_targets([target])
+
+
+def test_the_plan_lora_target_option_refuses_a_target_that_would_hang():
+    import argparse
+
+    from bridge_freeze_plugin.cli.training_options import make_lora
+
+    args = argparse.Namespace(lora_rank=4, lora_target_modules=["linear_qkv", r"([a-z_]+\.?)+qkv"])
+    with pytest.raises(InvalidPatternError, match="--lora-target-modules entry"):
+        make_lora(args)
+
+
+@pytest.mark.parametrize(("train", "refused"), [
+    ([], True), ([r"language_model\.decoder\.layers\.1"], True), ([r"vision_model\.decoder\.layers\.0"], False),
+    ([r"(?i)VISION_MODEL\.patch_embed"], False), ([r".*norm"], False),
+])
+def test_the_demo_lr_option_for_a_frozen_part_follows_the_train_patterns(train, refused):
+    import argparse
+
+    from bridge_freeze_plugin.cli.training_options import part_learning_rates
+    from bridge_freeze_plugin.errors import CommandError
+
+    selection = FreezeSelection(freeze_vision_model=True, train_patterns=train)
+    args = argparse.Namespace(lr_vision_model=1e-4, lr_language_model=None, lr_vision_projection=None)
+    if refused:
+        with pytest.raises(CommandError, match="--lr-vision-model is given, but --freeze-vision-model freezes"):
+            part_learning_rates(args, selection)
+    else:
+        assert part_learning_rates(args, selection) == {"vision_model": 1e-4}
+
+
+@pytest.mark.parametrize("value", [b"vision_model", bytearray(b"vision_model"), {"vision_model": True}, 3])
+def test_pattern_lists_of_the_wrong_type_are_refused_not_split(value):
+    with pytest.raises(InvalidPatternError, match="must be a list of regular expressions"):
+        FreezeSelection(train_patterns=value)
