@@ -7,7 +7,7 @@ records what the DDP grad buffers and the optimizer hold and each parameter's in
 (:class:`~bridge_freeze_harness.run_records.Recorder`), and the checkpoints are read with torch's own reader.
 Expected sets are written here from the tiny model's parameter names (prefixes below), not with the plugin.
 No dropout (``hidden_dropout=0``): a bitwise resume needs the same random stream, which ``load_rng=False`` does not
-restore. The DP2 run (2 processes over gloo) starts in the background when the module's first run starts.
+restore. The DP2 run (2 processes over gloo), when selected, starts in the background with the module's first run.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import re
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,7 +91,6 @@ class Run:
     save: Path
     recorder: Recorder
     log: str
-    seconds: float
     _checkpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def checkpoint(self, iteration: int) -> dict[str, Any]:
@@ -157,13 +158,12 @@ class Runs:
         level = plugin_logger.level
         plugin_logger.addHandler(capture)
         plugin_logger.setLevel(logging.INFO)
-        started = time.monotonic()
         try:
             run_training(cfg, callbacks=[recorder])  # finetune() with LoRA, pretrain() otherwise
         finally:
             plugin_logger.removeHandler(capture)
             plugin_logger.setLevel(level)
-        return Run(Path(cfg.checkpoint.save), recorder, "\n".join(capture.lines), time.monotonic() - started)
+        return Run(Path(cfg.checkpoint.save), recorder, "\n".join(capture.lines))
 
 
 class DataParallelRun:
@@ -178,8 +178,15 @@ class DataParallelRun:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.hung: list[int] = []
-        self.thread = threading.Thread(target=self._launch, daemon=True)
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._launch_or_record, daemon=True)
         self.thread.start()
+
+    def _launch_or_record(self) -> None:
+        try:
+            self._launch()
+        except Exception:  # noqa: BLE001  (the test reports it)
+            self.error = traceback.format_exc()
 
     def _launch(self) -> None:
         unit_tests = str(Path(__file__).parent)
@@ -207,6 +214,7 @@ class DataParallelRun:
 
     def results(self) -> list[dict[str, Any]]:
         self.thread.join(self.TIMEOUT_S + 30)
+        assert self.error is None, f"starting the ranks failed:\n{self.error}"
         assert not self.hung, f"ranks {self.hung} were still running after {self.TIMEOUT_S}s and were killed"
         out = []
         for rank in range(self.WORLD):
@@ -230,12 +238,16 @@ def _stop_forkserver() -> None:
 
 
 @pytest.fixture(scope="module")
-def dp2(tmp_path_factory) -> DataParallelRun:
-    return DataParallelRun(tmp_path_factory.mktemp("dp2"))
+def dp2(tmp_path_factory) -> Iterator[DataParallelRun]:
+    run = DataParallelRun(tmp_path_factory.mktemp("dp2"))
+    yield run
+    run.thread.join(DataParallelRun.TIMEOUT_S + 30)  # never leave ranks behind
 
 
 @pytest.fixture(scope="module")
-def runs(cpu_bridge, tmp_path_factory, dp2) -> Runs:  # dp2: the 2-rank run overlaps this process's runs
+def runs(request, cpu_bridge, tmp_path_factory) -> Runs:
+    if any(item.name.startswith("test_dp2") for item in request.session.items):
+        request.getfixturevalue("dp2")  # start the 2-rank run now: it overlaps this process's runs
     return Runs(tmp_path_factory.mktemp("bridge_training"))
 
 
