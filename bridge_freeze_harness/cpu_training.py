@@ -3,19 +3,26 @@
 Typical use (a script needs ``if __name__ == "__main__":``: the first checkpoint save starts a spawn-context
 process, ``megatron/core/dist_checkpointing/strategies/filesystem_async.py:65``)::
 
-    from bridge_freeze_harness.cpu_training import cpu_training, training_config, vlm_forward_step
+    from bridge_freeze_harness.cpu_training import run_training, training_config
     from bridge_freeze_harness.train import make_provider
 
-    provider = make_provider("qwen3_vl")                     # any tiny configuration with a TrainSpec
-    cfg = training_config(provider, workdir, train_iters=4)   # a Bridge ConfigContainer (gloo, CPU-sized)
-    with cpu_training("qwen3_vl"):
-        from megatron.bridge.training.pretrain import pretrain
-        pretrain(cfg, vlm_forward_step())
+    provider = make_provider("qwen3_vl")                      # a tiny provider (plugin flags may be set on it)
+    cfg = training_config(provider, workdir, train_iters=4)    # a Bridge ConfigContainer (gloo, CPU-sized)
+    run_training(cfg)                                          # pretrain(); finetune() when cfg.peft is set
+
+or, around any other Bridge call (``setup()``, ``setup_optimizer()``, ``finetune()`` with another step function):
+``with cpu_training("qwen3_vl"): ...``.
 
 :func:`cpu_training` applies, only while it is active, what stands between Bridge's training stack and a machine
-without CUDA (each patch below names the Bridge / megatron-core line it answers, paths relative to
-site-packages); everything is restored on exit, and the model-parallel state that ``pretrain()`` destroys when it
-returns is brought back up (other tests in the session build models on it). It includes the tiny build context
+without CUDA; each patch below names the Bridge / megatron-core line it answers (paths relative to
+site-packages). In one paragraph: ``setup()`` calls ``initialize_megatron`` with ``allow_no_cuda``; the dataset
+helpers' ``make`` and the fused-kernel JIT warm-up are skipped; ``device="cuda"`` tensor factories make CPU tensors,
+``.cuda()`` stays on the CPU, CUDA streams are in-order stand-ins, ``torch.cuda.synchronize`` does nothing, the
+CUDA RNG state saved with a checkpoint is the CPU generator's, ``Tensor.type()`` names a CPU float tensor
+``torch.cuda.FloatTensor`` (megatron-core's optimizers branch on it); and the distributed optimizer without
+TransformerEngine / Apex gets two fixes a resume needs (not CPU-specific). Everything is restored on exit, as are
+the logger levels Bridge sets, and the model-parallel state that ``pretrain()`` destroys when it returns is
+brought back up (other tests in the session build models on it). The context includes the tiny build context
 (:func:`bridge_freeze_harness.tiny.build_context`: TE specs swapped for local ones) and the CPU forward patches
 (:func:`bridge_freeze_harness.forward.forward_patches`), because ``setup()`` builds the model and ``train()`` runs
 forwards. The data comes from :class:`SyntheticVLMDataset` (the harness's synthetic batches in the layout of
@@ -116,7 +123,7 @@ def _state_dict_with_placeholder_step(real: Callable[..., Any]) -> Callable[...,
     state and asserts there is exactly one value; before the first step (``sharded_state_dict(is_loading=True)``,
     ``distrib_optimizer.py:1532``, on every resume) there is none. A placeholder ``step`` is seeded in one
     parameter's state for the call and removed again, so ``load_state_dict`` still allocates the state itself
-    (``distrib_optimizer.py:972``); the loaded checkpoint's own step replaces the placeholder.
+    (``distrib_optimizer.py:974``); the loaded checkpoint's own step replaces the placeholder.
     """
 
     @functools.wraps(real)
@@ -183,7 +190,7 @@ def _bridge_patches() -> list[tuple[Any, str, Any]]:
     from megatron.bridge.training import initialize, setup
 
     return [
-        # training/initialize.py:89-91 asserts CUDA unless allow_no_cuda; setup.py:239 does not pass it.
+        # training/initialize.py:89-91 asserts CUDA unless allow_no_cuda; setup.py:253 does not pass it.
         (setup, "initialize_megatron", _initialize_allowing_no_cuda(setup.initialize_megatron)),
         # initialize.py:147 -> megatron/core/datasets/utils.py:25: runs `make` in the wheel's datasets folder
         # (no Makefile in a wheel: the helper library ships prebuilt) and exits the process when it fails.
@@ -216,7 +223,7 @@ def _torch_patches() -> list[tuple[Any, str, Any]]:
         (torch.cuda, "get_rng_state", _cpu_rng_state),
         # core/optimizer/clip_grads.py:174 asserts grad.type() == 'torch.cuda.FloatTensor'; the distributed
         # optimizer picks its shard kind by type name (distrib_optimizer.py:401 / 466 / 758, raises at 477),
-        # the mixed-precision optimizer too (core/optimizer/optimizer.py, Float16OptimizerWithFloat16Params).
+        # the mixed-precision optimizer too (core/optimizer/optimizer.py:1009 / 1028).
         (torch.Tensor, "type", _type_as_if_cuda(torch.Tensor.type)),
         # torch.cuda.current_device() as a device: "cpu" (also in forward.py's patches when CUDA is absent).
         (torch.cuda, "current_device", lambda: "cpu"),
@@ -352,7 +359,7 @@ def synthetic_dataset_config(family: str, provider: Any, seed: int = 0) -> Any:
         family: str
         seed: int = 0
         _provider: Any = None
-        # vlm_step reads attention_mask only when this is False (training/vlm_step.py:121 / 187)
+        # vlm_step reads attention_mask only when this is False (training/vlm_step.py:122 / 179)
         skip_getting_attention_mask_from_dataset: bool = False
 
         def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
