@@ -406,6 +406,7 @@ def training_config(
     from megatron.bridge.training import config as bc
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
+    _require_cpu_fusions_off(provider)
     cfg = bc.ConfigContainer(
         model=provider,
         train=bc.TrainingConfig(train_iters=train_iters, micro_batch_size=micro_batch_size,
@@ -459,6 +460,16 @@ def checkpoint_config(
         pretrained_checkpoint=path(pretrained_checkpoint), ckpt_format="torch_dist", async_save=False,
         load_rng=False, fully_parallel_save=False,
     )
+
+
+def _require_cpu_fusions_off(provider: Any) -> None:
+    """The fused kernels have no CPU implementation, and their warm-up is skipped here (:func:`_bridge_patches`)."""
+    from bridge_freeze_harness.cpu_runtime import CPU_FUSIONS_OFF
+
+    on = sorted(name for name in CPU_FUSIONS_OFF if getattr(provider, name, False))
+    if on:
+        raise ValueError(f"{type(provider).__name__} has {', '.join(on)} on, which a CPU run cannot execute: set "
+                         "them to False (bridge_freeze_harness.cpu_runtime.CPU_FUSIONS_OFF) before training_config()")
 
 
 def _world_size() -> int:

@@ -122,7 +122,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "lora_resume": {"iters": ITERS, "save_interval": 2, "lora": True, "pretrained": "plain",
                     "distributed_optimizer": True, "bf16_mixed": True, "part_lrs": ADAPTER_LR, "load_from": "lora"},
     # the DP2 run's reference: one process, the same two samples per iteration as two micro-batches
-    "gbs2": {"iters": 2, "save_interval": 1, "distributed_optimizer": True, "global_batch_size": 2},
+    "gbs2": {"iters": 2, "distributed_optimizer": True, "global_batch_size": 2},
 }
 
 
