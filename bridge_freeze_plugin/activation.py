@@ -307,6 +307,9 @@ def _check_part_learning_rates(module: ModuleType) -> None:
         return
     with STATE.lock:
         if hasattr(original, "__bridge_freeze_wrapped__"):
+            # imported by name from a module already wrapped (setup.py takes it from optim.py): deactivate must
+            # give this module Bridge's own function back too
+            STATE.guarded.setdefault(module, {})[setup_check.NAME] = original.__bridge_freeze_wrapped__  # type: ignore[index]
             return
         STATE.guarded.setdefault(module, {})[setup_check.NAME] = original  # type: ignore[index]
         setattr(module, setup_check.NAME, setup_check.checked(original))

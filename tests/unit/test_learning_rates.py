@@ -398,11 +398,13 @@ def test_bridges_setup_optimizer_is_checked_automatically(rig, caplog):
     with _cpu_for_cuda(), pytest.raises(PartLearningRateError, match=r"lr_vision_projection=0\.02"):
         bridge_optim.setup_optimizer(config, scheduler_config, rig.chunks,
                                      optimizer_config_override_provider=IgnoredByTheBuild(lr_vision_projection=2e-2))
+    from megatron.bridge.training import setup as bridge_setup  # takes the name from the (wrapped) optim module
+
+    assert bridge_setup.setup_optimizer.__bridge_freeze_wrapped__ is original
     bfp.deactivate()
     try:
-        # undone. (Not checked: megatron.bridge.training.setup's own name, imported from the already-wrapped optim
-        # module, stays wrapped after deactivate: reported to the plugin's owner.)
-        assert bridge_optim.setup_optimizer is original
+        assert bridge_optim.setup_optimizer is original  # undone, in both modules
+        assert bridge_setup.setup_optimizer is original
     finally:
         bfp.activate()
     assert bridge_optim.setup_optimizer.__bridge_freeze_wrapped__ is original
