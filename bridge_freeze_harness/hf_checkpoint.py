@@ -8,8 +8,8 @@ checkpoint to start from without the model hub:
   code (sizes of the harness's tiny Bridge configuration: 2 text layers, hidden 64, vocabulary 128), moves
   EVERY floating-point tensor of its state dict away from its initial value by seeded Gaussian noise (norm
   weights included, so a weight that Bridge does not load cannot pass a comparison with the file) and saves
-  it with ``save_pretrained`` (safetensors, float32, ``config.json`` and ``generation_config.json``; Bridge
-  reads nothing else offline);
+  it with ``save_pretrained`` (safetensors, float32, ``config.json`` and ``generation_config.json``) with a
+  tiny word-level tokenizer (Bridge's ``save_hf_pretrained`` saves the source's tokenizer; nothing else is read);
 - :func:`cpu_provider` turns the ``AutoBridge`` of such a folder into a provider that builds and trains on the
   CPU: Bridge's own conversion, then only CPU settings (float32, no fused kernels, the ``allgather`` MoE
   dispatcher, no grouped GEMM), the tiny special token ids of the family's train spec, and the few
@@ -324,7 +324,23 @@ HF_FAMILIES: dict[str, HFFamily] = {
 }
 
 #: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each).
-NO_HF_CHECKPOINT: dict[str, str] = {}
+NO_HF_CHECKPOINT: dict[str, str] = {
+    "kimi_k25_vl": (
+        "its HF model (KimiK25ForConditionalGeneration, model_type kimi_k25) is remote code on the hub, not in "
+        "transformers 5.12.1: AutoConfig raises 'Unrecognized model identifier: kimi_k25' offline, so no "
+        "checkpoint can be written, converted or loaded back here"
+    ),
+    "nemotron_vl": (
+        "its HF model (NemotronH_Nano_VL_V2, model_type nemotron_vl) is remote code on the hub, not in "
+        "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'); its Mamba layers also "
+        "cannot run a forward on the CPU (CUDA-only mamba-ssm kernels)"
+    ),
+    "step37": (
+        "transformers 5.12.1 has no Step-3.7 model class: Bridge registers only its config (Step37Config) with "
+        "AutoConfig; the model (Step3p7ForConditionalGeneration) is remote code, so no transformers checkpoint "
+        "can be written or loaded back"
+    ),
+}
 
 
 def hf_family(name: str) -> HFFamily:
@@ -357,7 +373,8 @@ def randomize_(state: Mapping[str, torch.Tensor], seed: int) -> None:
 
     Each tensor is drawn from its own generator (seed and name), so a tensor's values do not depend on
     which other tensors the model has. Values keep their scale (a norm weight stays near 1) but no element
-    keeps a constant initial value.
+    keeps a constant initial value; an infinite one (an unset clipping bound) becomes a random finite one
+    beyond +-1000.
     """
     import zlib
 
@@ -366,7 +383,24 @@ def randomize_(state: Mapping[str, torch.Tensor], seed: int) -> None:
             if not tensor.is_floating_point():
                 continue
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            tensor.add_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32).to(tensor.dtype) * NOISE_STD)
+            noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32).to(tensor.dtype)
+            infinite = ~torch.isfinite(tensor)
+            tensor.add_(noise * NOISE_STD)
+            if infinite.any():  # e.g. Gemma4's audio clipping bounds (+-inf): far, finite, random bounds
+                tensor[infinite] = torch.sign(tensor[infinite]) * (1_000.0 + noise[infinite].abs())
+
+
+def tiny_tokenizer() -> Any:
+    """A word-level tokenizer over the tiny vocabulary: token ``<i>`` is id ``i`` (pad/unk ``<0>``, bos ``<1>``,
+    eos ``<2>``). Bridge's ``save_hf_pretrained`` saves the source checkpoint's tokenizer (``AutoTokenizer``),
+    so a checkpoint without one cannot be exported as a folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel(vocab={f"<{i}>": i for i in range(_VOCAB)}, unk_token="<0>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<0>", unk_token="<0>", bos_token="<1>",
+                                   eos_token="<2>")
 
 
 def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Path:
@@ -374,7 +408,8 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
 
     The model class is built from :func:`hf_config` (initialised from ``torch.manual_seed(seed)``), every
     floating-point tensor gets seeded noise (:func:`randomize_`), and ``save_pretrained`` writes
-    ``config.json``, ``generation_config.json`` and ``model.safetensors`` (float32). No hub access.
+    ``config.json``, ``generation_config.json`` and ``model.safetensors`` (float32), plus :func:`tiny_tokenizer`'s
+    ``tokenizer.json`` / ``tokenizer_config.json``. No hub access.
     """
     directory = Path(directory)
     config = hf_config(family)
@@ -394,6 +429,7 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     randomize_(dict(model.named_parameters()) | dict(model.named_buffers()), seed)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
+    tiny_tokenizer().save_pretrained(directory)
     logger.info("wrote a tiny random %s checkpoint (%s) to %s", family, cls.__name__, directory)
     return directory
 

@@ -1,0 +1,322 @@
+"""The Hugging Face round trip, per family, on tiny REAL models: the user's flow end to end.
+
+A tiny random HF checkpoint on disk (``bridge_freeze_harness.hf_checkpoint.write_tiny_hf_checkpoint``: the family's
+transformers model class, every floating-point tensor randomised) -> ``AutoBridge.from_hf_pretrained(dir)`` ->
+``to_megatron_provider(load_weights=True)`` with the plugin active and the freeze flags set (plus CPU-only fields:
+``cpu_provider``) -> ``provide_distributed_model`` on the CPU (Bridge's weight-loading pre-wrap hook runs) -> STEPS
+AdamW steps -> ``export_hf_weights`` / ``save_hf_pretrained``. Per family:
+
+(a) before training, the export is the checkpoint file: same names, dtypes and values (bit for bit);
+(b) after training, the HF tensors that changed are exactly those whose Megatron sources train: written below per
+    family as HF-name rules (:data:`CASES`), independent of the plugin's classification and of Bridge's mapping
+    tables, from the parts' definitions (README, "Which parts"); every other tensor is bit-identical;
+(c) ``save_hf_pretrained``'s files are the export, and transformers loads them (no missing / unexpected / resized
+    tensor) into tensors equal to the export (checked by saving the loaded model again with transformers);
+(d) LoRA with full-rank parts (Qwen3-VL): the merged export carries the projection's full-rank change and the
+    adapters merged into the attention weights, nothing else;
+(e) the plugin opted out (``deactivate()``) exports bit-identically to the plugin active with no flag set.
+
+A family whose checkpoint transformers cannot write offline is listed with the measured reason
+(``NO_HF_CHECKPOINT``). One tiny model per family, built once per module (about 5 s per family on 2 cores).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge_freeze_harness.hf_checkpoint import HF_FAMILIES, NO_HF_CHECKPOINT
+from bridge_freeze_harness.tiny import TINY_FAMILIES
+
+logger = logging.getLogger(__name__)
+
+STEPS = 2
+
+PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
+VISION_ONLY = {"freeze_language_model": True, "freeze_vision_projection": True}
+LANGUAGE_ONLY = {"freeze_vision_model": True, "freeze_vision_projection": True}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family's round trip: the flags set, and which HF tensors then train (a regex over HF names)."""
+
+    flags: dict[str, bool]
+    trains: str
+
+
+# HF names as the checkpoints lay them out (transformers' save_pretrained). What trains follows from the parts:
+# language model / vision encoder / vision projection, and what is no flag's part (trains unless frozen otherwise).
+QWEN3_PROJECTION = r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\."
+CASES: dict[str, Case] = {
+    # Qwen2.5-VL (legacy layout, no "model." before visual.): the vision encoder is visual. minus its merger.
+    "qwen25_vl": Case(VISION_ONLY, r"^visual\.(?!merger\.)"),
+    "qwen3_vl": Case(PROJECTION_ONLY, QWEN3_PROJECTION),
+    "qwen3_vl_moe": Case(PROJECTION_ONLY, QWEN3_PROJECTION),
+    "qwen35_vl": Case(PROJECTION_ONLY, r"^model\.visual\.merger\."),  # no DeepStack mergers in Qwen3.5
+    # The language model with its routed experts (one fused HF tensor per layer and projection).
+    "qwen35_vl_moe": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
+    # Only the merger: visual.embeddings / post_conv_layernorm / downsample / post_layernorm are the vision
+    # encoder's (Bridge's own freeze leaves them training).
+    "glm45v": Case(PROJECTION_ONLY, r"^model\.visual\.merger\."),
+    "gemma3_vl": Case(VISION_ONLY, r"^vision_tower\."),
+    # The audio tower and its embedding are no flag's part: they train next to the projection, except the
+    # audio layers' clipping bounds (buffers: nothing trains them).
+    "gemma4_vl": Case(PROJECTION_ONLY,
+                      r"^model\.(embed_vision\.|embed_audio\.|audio_tower\.(?!.*\.(input|output)_(min|max)$))"),
+    "ministral3": Case(VISION_ONLY, r"^vision_tower\."),
+    # Only the resampler: the vision tower's final ln is the encoder's (Bridge's own freeze leaves it training).
+    "ernie45_vl": Case(PROJECTION_ONLY, r"^model\.resampler_model\."),
+    # The language model, except the routers' expert-score bias: a buffer that Bridge's training loop updates
+    # from the routing counts (finalize_model_grads), not the optimizer step run here.
+    "minimax_m3_vl": Case(LANGUAGE_ONLY, r"^language_model\.(?!.*\.e_score_correction_bias$)"),
+    "exaone45_vl": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
+}
+
+
+def _family_params() -> list[Any]:
+    params = []
+    for name in sorted(TINY_FAMILIES):
+        if name in NO_HF_CHECKPOINT:
+            params.append(pytest.param(name, marks=pytest.mark.skip(reason=NO_HF_CHECKPOINT[name])))
+        else:
+            params.append(name)
+    return params
+
+
+FAMILIES = _family_params()
+
+
+def read_safetensors(directory: Path) -> dict[str, Any]:
+    """Every tensor of every ``*.safetensors`` file in ``directory``."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def export(bridge: Any, chunks: list[Any]) -> dict[str, Any]:
+    """Bridge's HF export as a dict (copies: the stream may hand out views of live parameters)."""
+    exported: dict[str, Any] = {}
+    for name, tensor in bridge.export_hf_weights(chunks, cpu=True, show_progress=False):
+        assert name not in exported, f"{name} exported twice"
+        exported[name] = tensor.detach().clone()
+    return exported
+
+
+def differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """Names missing on either side, or with another dtype or other values (bit for bit)."""
+    import torch
+
+    found = [f"missing: {n}" for n in sorted(set(expected) - set(actual))]
+    found += [f"extra: {n}" for n in sorted(set(actual) - set(expected))]
+    for name in sorted(set(expected) & set(actual)):
+        a, b = expected[name], actual[name]
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+            found.append(f"differs: {name} ({a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)})")
+    return found
+
+
+def changed_names(original: dict[str, Any], exported: dict[str, Any]) -> set[str]:
+    import torch
+
+    return {n for n, t in exported.items() if not torch.equal(t, original[n])}
+
+
+def load_train_export(checkpoint: Path, family: str, flags: dict[str, bool], *, lora: Any = None) -> dict[str, Any]:
+    """AutoBridge load -> CPU provider with ``flags`` (and ``lora`` as a pre-wrap hook) -> build -> export, train,
+    export again. Returns both exports, the bridge, the chunks and the trainable parameter names."""
+    import torch
+    from megatron.bridge import AutoBridge
+
+    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider
+    from bridge_freeze_harness.train import train_steps
+
+    bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
+    provider = cpu_provider(bridge, family, **flags)
+    if lora is not None:
+        provider.register_pre_wrap_hook(lora)
+    chunks = build_hf_chunks(family, provider)
+    before = export(bridge, chunks)
+    torch.manual_seed(0)
+    losses = train_steps(chunks[0], family, provider, steps=STEPS)
+    return {
+        "bridge": bridge,
+        "chunks": chunks,
+        "before": before,
+        "after": export(bridge, chunks),
+        "losses": losses,
+        "trainable": {n for c in chunks for n, p in c.named_parameters() if p.requires_grad},
+    }
+
+
+@pytest.fixture(scope="module")
+def roundtrip(cpu_bridge, tmp_path_factory):
+    """``roundtrip(family)``: the family's round trip (:data:`CASES`), run once per module."""
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    runs: dict[str, dict[str, Any]] = {}
+
+    def get(family: str) -> dict[str, Any]:
+        if family not in runs:
+            started = time.perf_counter()
+            root = tmp_path_factory.mktemp(family)
+            checkpoint = write_tiny_hf_checkpoint(family, root / "hf", seed=0)
+            run = load_train_export(checkpoint, family, CASES[family].flags)
+            run["original"] = read_safetensors(checkpoint)
+            run["saved"] = root / "saved"
+            run["bridge"].save_hf_pretrained(run["chunks"], run["saved"], show_progress=False)
+            run["seconds"] = time.perf_counter() - started
+            logger.info("%s: round trip in %.1f s", family, run["seconds"])
+            runs[family] = run
+        return runs[family]
+
+    return get
+
+
+def test_every_tiny_family_has_a_round_trip_or_a_reason():
+    assert set(CASES) == set(HF_FAMILIES)
+    assert not set(CASES) & set(NO_HF_CHECKPOINT)
+    assert set(CASES) | set(NO_HF_CHECKPOINT) == set(TINY_FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoint_randomises_every_tensor(family, roundtrip):
+    """No tensor of the written file keeps a constant (e.g. a norm's 1.0 / 0.0): a weight left unloaded would show."""
+    import torch
+
+    constant = [n for n, t in roundtrip(family)["original"].items() if t.numel() > 1 and torch.all(t == t.flatten()[0])]
+    assert constant == []
+    assert all(t.is_floating_point() and t.dtype == torch.float32 for t in roundtrip(family)["original"].values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_before_training_is_the_checkpoint(family, roundtrip):
+    run = roundtrip(family)
+    assert differences(run["original"], run["before"]) == []
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_changes_exactly_the_selected_hf_tensors(family, roundtrip):
+    run = roundtrip(family)
+    rule = re.compile(CASES[family].trains)
+    expected = {n for n in run["original"] if rule.search(n)}
+    assert expected and expected != set(run["original"])  # the rule selects something, not everything
+    assert set(run["after"]) == set(run["original"])
+    changed = changed_names(run["original"], run["after"])
+    assert sorted(changed - expected) == []  # frozen: bit-identical
+    assert sorted(expected - changed) == []  # fed by a trained parameter: changed
+    assert all(run["after"][n].dtype == run["original"][n].dtype for n in run["original"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_saved_checkpoint_is_the_export_and_loads_in_transformers(family, roundtrip, tmp_path):
+    from bridge_freeze_harness.hf_checkpoint import model_class
+
+    run = roundtrip(family)
+    assert differences(run["after"], read_safetensors(run["saved"])) == []
+    model, info = model_class(family).from_pretrained(run["saved"], output_loading_info=True)
+    assert {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v} == {}
+    assert info.get("error_msgs", []) == []
+    model.save_pretrained(tmp_path / "resaved")  # transformers' own names back: the tensors it loaded
+    assert differences(run["after"], read_safetensors(tmp_path / "resaved")) == []
+
+
+# --- (d) LoRA with full-rank parts --------------------------------------------------------------------------------
+
+#: Qwen3-VL, LoRA on linear_qkv / linear_proj with the language model and vision encoder frozen: the projection trains
+#: at full rank, the adapters on the attention of both the language model and the (Megatron) vision encoder.
+LORA_TRAINS = re.compile(
+    QWEN3_PROJECTION
+    + r"|^model\.language_model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight$"
+    + r"|^model\.visual\.blocks\.\d+\.attn\.(qkv|proj)\.weight$"
+)
+
+
+@pytest.fixture(scope="module")
+def lora_run(cpu_bridge, tmp_path_factory):
+    from megatron.bridge.peft.lora import LoRA
+
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    checkpoint = write_tiny_hf_checkpoint("qwen3_vl", tmp_path_factory.mktemp("lora") / "hf", seed=1)
+    lora = LoRA(target_modules=["linear_qkv", "linear_proj"], dim=4, alpha=8)
+    run = load_train_export(checkpoint, "qwen3_vl", PROJECTION_ONLY, lora=lora)
+    run["original"] = read_safetensors(checkpoint)
+    return run
+
+
+def test_lora_merged_export_before_training_is_the_checkpoint(lora_run):
+    """LoRA's B starts at zero: merging the fresh adapters changes nothing."""
+    assert differences(lora_run["original"], lora_run["before"]) == []
+
+
+def test_lora_merged_export_carries_full_rank_and_adapter_changes(lora_run):
+    trainable = lora_run["trainable"]
+    assert any(".adapter." in n for n in trainable) and any(n.startswith("vision_model.merger.") for n in trainable)
+    expected = {n for n in lora_run["original"] if LORA_TRAINS.search(n)}
+    assert any("language_model" in n for n in expected) and any(".blocks." in n for n in expected)
+    assert set(lora_run["after"]) == set(lora_run["original"])  # merged into the base names, no adapter tensor
+    changed = changed_names(lora_run["original"], lora_run["after"])
+    assert sorted(changed - expected) == []
+    assert sorted(expected - changed) == []
+
+
+# --- (e) the plugin opted out -------------------------------------------------------------------------------------
+
+
+def test_opted_out_plugin_exports_identically_to_active_plugin_without_flags(cpu_bridge, tmp_path):
+    import bridge_freeze_plugin as bfp
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    checkpoint = write_tiny_hf_checkpoint("qwen3_vl", tmp_path / "hf", seed=2)
+    original = read_safetensors(checkpoint)
+    active = load_train_export(checkpoint, "qwen3_vl", {})
+    bfp.deactivate()
+    try:
+        opted_out = load_train_export(checkpoint, "qwen3_vl", {})
+    finally:
+        bfp.activate()
+    assert active["losses"] == opted_out["losses"]
+    assert differences(active["before"], opted_out["before"]) == []
+    assert differences(active["after"], opted_out["after"]) == []
+    # a full fine-tune: every tensor trained
+    assert changed_names(original, active["after"]) == set(original)
+
+
+#: What Bridge's own freeze (plugin opted out, same flags: projection only) also trains, in HF names: the tensors
+#: its freeze() leaves out of both the language-model and the vision-model flag. The rules above do not allow them.
+BRIDGE_OWN_FREEZE_ALSO_TRAINS = {
+    "glm45v": {"model.visual.downsample.bias", "model.visual.downsample.weight",
+               "model.visual.embeddings.position_embedding.weight", "model.visual.post_conv_layernorm.weight",
+               "model.visual.post_layernorm.weight"},
+    "ernie45_vl": {"model.vision_model.ln.bias", "model.vision_model.ln.weight"},
+}
+
+
+@pytest.mark.parametrize("family", sorted(BRIDGE_OWN_FREEZE_ALSO_TRAINS))
+def test_without_the_plugin_bridges_own_freeze_changes_vision_tensors_too(family, cpu_bridge, tmp_path):
+    """The rules can fail: opted out, the same flags reach Bridge's own freeze, and the export shows its gaps."""
+    import bridge_freeze_plugin as bfp
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    checkpoint = write_tiny_hf_checkpoint(family, tmp_path / "hf", seed=0)
+    original = read_safetensors(checkpoint)
+    bfp.deactivate()
+    try:
+        run = load_train_export(checkpoint, family, CASES[family].flags)
+    finally:
+        bfp.activate()
+    rule = re.compile(CASES[family].trains)
+    expected = {n for n in original if rule.search(n)}
+    changed = changed_names(original, run["after"])
+    assert changed - expected == BRIDGE_OWN_FREEZE_ALSO_TRAINS[family]
+    assert expected <= changed
