@@ -256,9 +256,10 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
         return []
     return [
         f"{s.lora_rank.key.removesuffix('rank')}target_modules {', '.join(found)}: LoRA would put adapters on "
-        f"parameters that "
-        f"{flag_list(s.selection, s.flags_key)} trains at full rank, and a weight cannot train through an adapter "
-        f"and at full rank at once. Scope those targets to the frozen parts, or set the flag of that part."
+        f"modules of a part that {flag_list(s.selection, s.flags_key) or 'the selection'} trains at full rank (the "
+        f"target reaches that part, as Bridge matches targets: the module's full name, '*' for any text), and a "
+        f"weight cannot train through an adapter and at full rank at once; the build would refuse it "
+        f"(LoraOverlapError). Scope those targets to the frozen parts, or set the flag of that part."
     ]
 
 

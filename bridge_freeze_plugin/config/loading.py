@@ -3,8 +3,10 @@
 Nothing the user wrote is dropped: a file that holds no mapping, an override whose key has an empty
 segment or whose value is not YAML, a Hydra ``+key`` that adds an existing key or a ``~key`` that deletes
 a missing one are each a :class:`ConfigLoadError` naming the file or the override. So is a config nested
-deeper than :data:`MAX_DEPTH` levels (OmegaConf recurses once per level and would run out of stack), and an
-override that sets a key below a value that is not a mapping. Every value keeps where it came from
+deeper than :data:`MAX_DEPTH` levels (OmegaConf recurses once per level and would run out of stack), YAML whose
+aliases expand past :data:`MAX_NODES` values or refer to themselves, a file that is not a regular file or is
+larger than :data:`MAX_FILE_BYTES`, and an override that sets a key below a scalar or a list (below null, a key
+starts the section, as Hydra does). Every value keeps where it came from
 (:class:`Provenance`), so the rules can say it.
 """
 
@@ -28,6 +30,8 @@ MAX_DEPTH = 32
 #: How many values a config may hold once YAML aliases are expanded (OmegaConf expands them: ``&a [*b, *b...]``
 #: nested a few times is billions). Real training configs hold a few thousand.
 MAX_NODES = 200_000
+#: The largest config file read (real ones are kilobytes; a device or a runaway file is refused, never read).
+MAX_FILE_BYTES = 16 * 1024 * 1024
 #: How much of an offending value or library message an error quotes.
 _QUOTE = 160
 #: What an override does: ``key=v`` sets, ``+key=v`` adds a missing key, ``++key=v`` adds or sets,
@@ -255,11 +259,12 @@ def apply_override(cfg: DictConfig, override: Override, provenance: Provenance) 
         del holder[leaf]
         provenance.forget(override.key)
         return cfg
-    if state == BLOCKED:
+    if state == BLOCKED and not (node._is_none() or node._is_missing()):  # below null: a new section, as Hydra
         held = brief(shown(node))
         raise ConfigLoadError(
             f"{label} sets {override.key}, but {where} holds {held}, not a mapping of settings: a key cannot go "
-            f"below it. Fix {where} first (e.g. {where}={{...}}), or set the key on a mapping"
+            f"below it (it would silently replace that value). Fix {where} first (e.g. {where}={{...}}), or set "
+            "the key on a mapping"
         )
     if override.operation == "add" and state == FOUND:
         bare = override.text.strip().lstrip("+")
@@ -317,8 +322,16 @@ def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
             raise ConfigLoadError(f"{shown_path} is a directory, not a config file: give the YAML file inside it")
         if not file.exists():
             raise ConfigLoadError(f"no such config file: {shown_path}")
+        if not file.is_file():
+            raise ConfigLoadError(f"{shown_path} is not a regular file (a device, a pipe...): give a YAML file")
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigLoadError(f"{shown_path} holds {size} bytes; a config file holds at most {MAX_FILE_BYTES} "
+                                  "(real ones hold kilobytes): check that this is the config")
         text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except ConfigLoadError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name; UnicodeDecodeError is one too
         raise ConfigLoadError(f"cannot read {shown_path}: {brief(exc)}") from exc
     check_yaml(text, shown_path)
     try:

@@ -7,15 +7,16 @@ misspelt flag: errors at once); what the values mean together is for :mod:`bridg
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.config.layouts import Layout, plugin_sections
-from bridge_freeze_plugin.config.loading import FOUND, brief, lookup
+from bridge_freeze_plugin.config.loading import brief
 from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,
     InvalidFreezeConfigError,
@@ -285,37 +286,72 @@ def _plugin_key(key: str) -> str | None:
 def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
     """Flags, patterns and learning rates written where ``layout``'s runs never read them (they would be dropped).
 
-    Every section any layout reads them from is looked at; only the chosen layout's own sections are read.
-    Keys only, nothing resolved.
+    The whole config is walked (keys only, nothing resolved). In a section some layout reads the plugin's keys
+    from, any key shaped like one counts (a near-misspelt flag, ``lr_vision``...); anywhere else, the exact names
+    (``trainer.critic.megatron_config.freeze_vision_model``, ``optimizer.lr_vision_model``). Only the chosen
+    layout's own sections are read; a flag under its reference model is left to the reference rule.
     """
+    sections = set(plugin_sections())
+    keys, referenced = _all_keys(cfg)
     problems = []
-    for where in plugin_sections():
-        state, node, _ = lookup(cfg, where) if isinstance(cfg, DictConfig) else (FOUND, select(cfg, where), where)
-        keys = _keys(node) if state == FOUND else ()
-        for key in keys:
-            kind = _plugin_key(key)
-            if kind == "flag" and where not in (layout.flags, layout.reference_flags):
-                problems.append(
-                    f"{where}.{key} is not read in the {layout.title} layout, so the run would ignore it: the "
-                    f"flags and patterns go under {layout.flags}. Write {layout.flags}.{key} instead"
-                )
-            elif kind == "lr" and where == layout.reference_flags:
-                problems.append(
-                    f"{where}.{key}: the reference model never trains, so a learning rate there never applies. "
-                    f"Remove it; per-part learning rates of the policy go under {layout.lr_section}"
-                )
-            elif kind == "lr" and where != layout.lr_section:
-                problems.append(f"{where}.{key} is not read in the {layout.title} layout, so the run would "
-                                f"ignore it{_lr_home(layout, where, key)}")
+    for where, key in keys:
+        if any(where == ref or where.startswith(ref + ".") for ref in referenced):
+            continue  # read through an interpolation (megatron_config: ${base}): judged where it is used
+        kind = _plugin_key(key) if where in sections else _exact_plugin_key(key)
+        if kind == "flag" and where not in (layout.flags, layout.reference_flags):
+            problems.append(
+                f"{_dotted(where, key)} is not read in the {layout.title} layout, so the run would ignore it: the "
+                f"flags and patterns go under {layout.flags}. Write {layout.flags}.{key} instead"
+            )
+        elif kind == "lr" and where == layout.reference_flags:
+            problems.append(
+                f"{_dotted(where, key)}: the reference model never trains, so a learning rate there never applies. "
+                f"Remove it; per-part learning rates of the policy go under {layout.lr_section}"
+            )
+        elif kind == "lr" and where != layout.lr_section:
+            problems.append(f"{_dotted(where, key)} is not read in the {layout.title} layout, so the run would "
+                            f"ignore it{_lr_home(layout, where, key)}")
     return problems
 
 
-def _keys(node: Any) -> tuple[str, ...]:
-    if isinstance(node, DictConfig):
-        if node._is_none() or node._is_missing() or node._is_interpolation():
-            return ()
-        return tuple(str(k) for k in node.keys())
-    return tuple(str(k) for k in node) if isinstance(node, Mapping) else ()
+def _exact_plugin_key(key: str) -> str | None:
+    if key in FLAGS or key in PATTERN_KEYS:
+        return "flag"
+    return "lr" if key in LR_KEYS else None
+
+
+def _dotted(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+#: An interpolation's reference to another key (``${base}``, ``${oc.select:base.x,1}``).
+_REFERENCE = re.compile(r"\$\{(?:oc\.select:)?([A-Za-z_][\w.]*)[,}]")
+
+
+def _all_keys(cfg: Any) -> tuple[list[tuple[str, str]], set[str]]:
+    """(parent path, key) of every mapping key in ``cfg`` (interpolations and nulls not entered), and the paths
+    interpolations refer to."""
+    out: list[tuple[str, str]] = []
+    referenced: set[str] = set()
+    stack: list[tuple[str, Any]] = [("", cfg)]
+    while stack:
+        path, node = stack.pop()
+        if OmegaConf.is_config(node) or hasattr(node, "_is_interpolation"):
+            if node._is_interpolation():
+                referenced.update(_REFERENCE.findall(str(node._value())))
+                continue
+            if node._is_none() or node._is_missing():
+                continue
+        if isinstance(node, DictConfig | Mapping):
+            for name in list(node.keys()):
+                key = str(name)
+                out.append((path, key))
+                child = node._get_node(name) if isinstance(node, DictConfig) else node[name]
+                stack.append((_dotted(path, key), child))
+        elif isinstance(node, ListConfig | list | tuple):
+            items = [node._get_node(i) for i in range(len(node))] if isinstance(node, ListConfig) else node
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(items))
+    return out, referenced
 
 
 def _lr_home(layout: Layout, where: str, key: str) -> str:

@@ -111,7 +111,9 @@ def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConf
 
     A default fills a key only when the key is absent and every level above it is a mapping or absent: a
     level the user wrote as something else (``megatron_config: 5``, a list, null, an interpolation) is the
-    user's value, kept for the reading to judge, never overwritten.
+    user's value, kept for the reading to judge, never overwritten. (Below an interpolation that resolves to a
+    mapping, the trainer's default still applies at run time but is not shown here; the build decides the
+    full-recompute adjustment from the provider's real settings either way.)
     """
     cfg = loaded.cfg.copy()
     filled = []

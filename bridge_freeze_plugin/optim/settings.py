@@ -105,6 +105,8 @@ def _number(value: Any, key: str) -> float:
 #: ``..._learning_rate`` (any case, ``-`` or ``_``). Such a key in a section that holds per-part learning rates is
 #: one of :data:`LR_KEYS`, or an error: it would otherwise be ignored.
 _LR_SHAPE = re.compile(r"^(min[_-]?)?(lr|learning[_-]?rate)[_-]|[_-](lr|learning[_-]?rate)$", re.IGNORECASE)
+#: The same in camelCase (``lrVision``, ``minLrVision``, ``visionLr``, ``learningRateLlm``).
+_LR_CAMEL = re.compile(r"^(min_?)?(lr|Lr|LR|learningRate|LearningRate)[A-Z0-9]|[a-z0-9](Lr|LR|LearningRate)$")
 #: Words users write for a part (after ``lr_``), and the part they mean.
 _PART_WORDS: dict[str, str] = {
     **dict.fromkeys(("vision", "visual", "vit", "vision_encoder", "vision_tower", "image_encoder", "encoder",
@@ -126,12 +128,12 @@ _GLOBAL_LR_KEYS = frozenset({"lr", "min_lr"})
 def looks_like_lr_key(key: object) -> bool:
     """Whether ``key`` is shaped like a per-part learning-rate key (:data:`LR_KEYS` are the ones that are read)."""
     return isinstance(key, str) and key not in _GLOBAL_LR_KEYS and (
-        key in LR_KEYS or _LR_SHAPE.search(key) is not None)
+        key in LR_KEYS or _LR_SHAPE.search(key) is not None or _LR_CAMEL.search(key) is not None)
 
 
 def suggest_lr_key(key: str) -> str | None:
     """The per-part learning-rate key ``key`` most likely means (``lr_llm`` -> ``lr_language_model``), if any."""
-    low = key.lower().replace("-", "_")
+    low = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower().replace("-", "_")
     if low in LR_KEYS:
         return low
     tokens = [t for t in low.split("_") if t]

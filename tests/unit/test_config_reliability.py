@@ -10,6 +10,7 @@ tests: random configs and overrides give a valid result or a typed config error,
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tempfile
@@ -112,6 +113,27 @@ def test_flags_of_another_layout_are_never_dropped(path, stray, layout, decides)
     assert re.search(rf"{re.escape(stray.partition('=')[0])} is not read in the {title} layout", message)
 
 
+@pytest.mark.parametrize(("path", "stray", "home"), [
+    (RL_FILE, "+trainer.critic.megatron_config.freeze_vision_model=true", f"{POLICY}.freeze_vision_model"),
+    (RL_FILE, "+trainer.policy.model.train_patterns=[x]", f"{POLICY}.train_patterns"),
+    (RL_FILE, "+trainer.ref.megatron_config.lr_vision_model=0.001", "the reference model never trains"),
+    (SFT_FILE, "megatron_config.optimizer_config_kwargs.lr_vision_model=0.001", "megatron_config.lr_vision_model"),
+    (SFT_FILE, "+model.lora.freeze_vision_projection=true", "megatron_config.freeze_vision_projection"),
+    (BRIDGE_FILE, "+optimizer.lr_vision_projection=0.001", "optimizer_config_override_provider"),
+    (BRIDGE_FILE, "+peft.lr_adapters=0.001", "optimizer_config_override_provider"),
+    (BRIDGE_FILE, "+model.lrVision=0.001", "optimizer_config_override_provider"),
+])
+def test_a_plugin_key_anywhere_the_layout_does_not_read_it_is_refused(path, stray, home):
+    """The same class, deeper: a flag or LR in any section the run does not read (a critic, the optimizer...)."""
+    message = error_of(path, [*(["trainer.strategy=megatron"] if path == RL_FILE else []), stray])
+    assert stray.lstrip("+").partition("=")[0] in message and home in message
+
+
+def test_a_section_read_through_an_interpolation_is_not_refused():
+    run = load_run(None, ["megatron_config=${base}", "base={freeze_vision_model: true}"])
+    assert run.validate() == VISION and run.layout.name == "sft"
+
+
 @pytest.mark.parametrize("extra", [{"strategy": "megatron"}, {"megatron_config": {"freeze_vision_model": True}},
                                    {"trainer": {"strategy": "megatron"}}])
 def test_two_layouts_that_each_decide_are_an_error_that_names_both(tmp_path, extra):
@@ -138,6 +160,7 @@ UNKNOWN_LR_KEYS = {
     "vision_lr": "lr_vision_model", "min_lr_vision": "min_lr_vision_model", "lr_lora": "lr_adapters",
     "LR_vision_model": "lr_vision_model", "learning_rate_language_model": "lr_language_model",
     "projector_learning_rate": "lr_vision_projection", "lr_vison_model": "lr_vision_model", "lr_foo": None,
+    "lrVision": "lr_vision_model", "minLrProjector": "min_lr_vision_projection", "llmLr": "lr_language_model",
 }
 
 
@@ -370,7 +393,22 @@ def _mistakes(tmp_path: Path) -> dict[str, list[str]]:
         "alias bomb in a file": [str(write(tmp_path / "bomb.yaml", f"strategy: megatron\nx: [&a [1, 1], {bomb}]\n"))],
         "self-referential alias": [str(write(tmp_path / "self.yaml", "strategy: megatron\nx: &a [1, *a]\n"))],
         "argument too long for a file name": ["megatron_config.x=" + "y" * 5000],
+        "a device for a file": [os.devnull],
+        "a pipe for a file": [str(_fifo(tmp_path / "pipe.yaml"))],
+        "a file past the size limit": [str(_sparse(tmp_path / "huge.yaml"))],
+        "a NUL byte in the file name": ["sft\x00.yaml"],
     }
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _sparse(path: Path) -> Path:
+    with path.open("wb") as file:
+        file.truncate(64 * 1024 * 1024)  # no data written: the size alone is refused
+    return path
 
 
 def test_every_user_mistake_exits_2_with_one_line(capsys, tmp_path):
