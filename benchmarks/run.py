@@ -25,6 +25,7 @@ FIGURES: dict[str, str] = {
     "activation": "benchmarks.activation",
     "plan": "benchmarks.plan",
     "recompute": "benchmarks.recompute",
+    "sync": "benchmarks.sync",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 

@@ -191,6 +191,13 @@ def test_qwen3_vl_projection_only_sends_the_mergers(checkpoints):
     first = list(run["export"](run["bridge"], run["chunks"], cpu=True, everything=True, show_progress=False))
     assert [n for n, _ in first] == [n for n, _ in run["full"]]
     assert all(a.equal(b) for (_, a), (_, b) in zip(first, run["full"], strict=True))
+    # Tasks decided once and handed to Bridge's export (a fixed selection): the same stream.
+    from bridge_freeze_plugin.sync import trainable_conversion_tasks
+
+    tasks = trainable_conversion_tasks(run["bridge"], run["chunks"])
+    again = list(run["bridge"].export_hf_weights(run["chunks"], cpu=True, show_progress=False, conversion_tasks=tasks))
+    assert [n for n, _ in again] == [n for n, _ in run["sent"]]
+    assert all(a.equal(b) for (_, a), (_, b) in zip(again, run["sent"], strict=True))
 
 
 def test_qwen3_vl_frozen_vision_tower_sends_the_language_model_and_mergers(checkpoints):
