@@ -421,11 +421,6 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     finally:
         torch.random.set_rng_state(state)
     model.eval()
-    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
-        name for name, _ in model.named_parameters()
-    }
-    if tied:
-        logger.debug("%s: tied parameters %s", family, sorted(tied))
     randomize_(dict(model.named_parameters()) | dict(model.named_buffers()), seed)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
