@@ -66,12 +66,15 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     return rows
 
 
-def _parts(selection: FreezeSelection) -> tuple[list[str], list[str], dict[str, str]]:
+def _parts(selection: FreezeSelection, family: Any = None) -> tuple[list[str], list[str], dict[str, str]]:
     """(parts that train whole, parts frozen whole, part -> how the patterns decide it per tensor).
 
     A freeze pattern can only freeze tensors of a part its flag trains; a train pattern can only train tensors
-    of a part its flag freezes. Which tensors they match is known once the model is built.
+    of a part its flag freezes, and only where it can match a name under the part's prefixes (the family's when
+    known, else any registered family's). Which tensors they match is known once the model is built.
     """
+    prefixes = None if family is None else {part: family.prefixes(part) for part in SELECTABLE_PARTS}
+    untrained = selection.untrained_parts(prefixes)
     trained, frozen, per_tensor = [], [], {}
     for part in SELECTABLE_PARTS:
         if part in selection.trained_parts():
@@ -79,10 +82,10 @@ def _parts(selection: FreezeSelection) -> tuple[list[str], list[str], dict[str, 
                 per_tensor[part.value] = "trains, less the tensors a freeze pattern matches"
             else:
                 trained.append(part.value)
-        elif selection.train_patterns:
-            per_tensor[part.value] = "frozen, but the tensors a train pattern matches train"
-        else:
+        elif part in untrained:
             frozen.append(part.value)
+        else:
+            per_tensor[part.value] = "frozen, but the tensors a train pattern matches train"
     return trained, frozen, per_tensor
 
 
@@ -198,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, selection: FreezeSelection) -> int:
-    trained, frozen, per_tensor = _parts(selection)
+    trained, frozen, per_tensor = _parts(selection, checked.settings.family)
     adjusted = checked.adjustments()
     if args.json:
         _print_json({**doc, "valid": True, "selection": selection.as_dict(), "trained_parts": trained,

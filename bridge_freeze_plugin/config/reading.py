@@ -413,7 +413,7 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
     # Per-part learning rates (lr_<part>, min_lr_<part>): next to the flags, or (Bridge) on the optimizer
     # override provider; checked as they are read.
     learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, flags), where=layout.lr_section,
-                                              frozen=selection.frozen_parts(), lora=lora.enabled,
+                                              frozen=selection.untrained_parts(), lora=lora.enabled,
                                               flags_where=layout.flags)
     return RunSettings(
         layout=layout.name,
