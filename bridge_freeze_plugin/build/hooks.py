@@ -26,6 +26,7 @@ from bridge_freeze_plugin.build.freeze import claim_report, count_parts, freeze_
 from bridge_freeze_plugin.build.lora import after_peft, find_peft
 from bridge_freeze_plugin.distributed import model_wide_report, store_report
 from bridge_freeze_plugin.errors import EmptyPartError
+from bridge_freeze_plugin.patterns import check_lora_targets
 from bridge_freeze_plugin.report import FreezeReport, log_report
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS
 
@@ -103,6 +104,9 @@ class HookChain:
         narrowing: dict[int, tuple[str, Any, str]] = {}  # id -> (name, part, hook) frozen inside a trained part
         for hook in self.hooks:
             peft = find_peft(hook) if classifier is not None else None
+            if peft is not None:  # Bridge matches targets as unbounded regexes: refuse a hanging one first
+                check_lora_targets(getattr(peft, "target_modules", None) or ())
+                check_lora_targets(getattr(peft, "exclude_modules", None) or (), "exclude_modules")
             before = _trained_ids(model) if peft is not None else None
             out = hook(model)
             model = model if out is None else out

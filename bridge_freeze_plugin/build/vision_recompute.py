@@ -26,7 +26,7 @@ from bridge_freeze_plugin.build.classify import as_chunks
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError
 from bridge_freeze_plugin.recompute import affected_parts, is_full
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.selection import FreezeSelection
 
 if TYPE_CHECKING:
     from bridge_freeze_plugin.build.context import BuildContext
@@ -134,8 +134,7 @@ def after_hooks(model: Any, provider: Any, context: BuildContext) -> BuildContex
 def refuse(context: BuildContext, *, warn_only: bool, rank0: bool) -> None:
     """The "refuse" policy: an error when a flag is set, a warning (rank 0) when none is."""
     assert context.family is not None
-    trained = " and ".join(p for p in context.family.full_recompute_affects
-                           if Part(p) in context.selection.trained_parts())
+    trained = " and ".join(affected_parts(context.family, context.selection))  # flags and train patterns
     message = _refusal(context, trained)
     if not warn_only:
         raise InvalidFreezeConfigError(message)

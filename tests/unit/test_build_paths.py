@@ -144,3 +144,20 @@ def test_a_router_hook_before_lora_keeps_the_routers_frozen(cpu_bridge, path):
 def test_a_hook_that_freezes_a_whole_trained_part_is_still_refused(cpu_bridge, path):
     with pytest.raises(bfp.FreezeGuaranteeError, match="freeze_whole_language_model"):
         _build(path, "qwen3_vl", bfp.FreezeSelection(freeze_vision_model=True), [freeze_whole_language_model])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("targets", [["(_+)+linear_qkv"], ["language_model.*.*.*linear_qkv"]])
+def test_a_lora_target_that_would_hang_bridges_matcher_is_refused_before_lora_runs(cpu_bridge, path, targets):
+    with pytest.raises(bfp.InvalidPatternError, match="LoRA target_modules entry"):
+        _build(path, "qwen3_vl", bfp.FreezeSelection(True, True, False), [_lora(targets)])
+
+
+def test_every_error_class_is_importable_from_the_package():
+    import inspect
+
+    from bridge_freeze_plugin import errors
+
+    defined = {n for n, c in vars(errors).items() if inspect.isclass(c) and c.__module__ == errors.__name__}
+    assert defined <= set(bfp.__all__)
+    assert all(getattr(bfp, n) is getattr(errors, n) for n in defined)
