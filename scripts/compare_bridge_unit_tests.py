@@ -112,8 +112,11 @@ def say(text: str) -> None:
 
 
 #: What is taken from Bridge's repository: the tests, the markers (pyproject.toml), and what tests read from the
-#: repository itself (example scripts the MIMO tests load, the perf scripts test_override_precedence imports).
-EXTRACTED = ("tests/__init__.py", "tests/unit_tests", "pyproject.toml", "examples", "scripts/performance")
+#: repository itself (example scripts the MIMO tests load, the perf scripts test_override_precedence imports and
+#: their helpers in scripts/common).
+EXTRACTED = (
+    "tests/__init__.py", "tests/unit_tests", "pyproject.toml", "examples", "scripts/performance", "scripts/common",
+)
 
 
 def installed_bridge(python: str) -> Path:
@@ -156,11 +159,9 @@ def ensure_tests(tests_root: Path, mirror: Path, ref: str, python: str) -> None:
     if marker.is_file():
         if marker.read_text(encoding="utf-8") == _marker(ref):
             return
-        raise SystemExit(
-            f"{tests_root} holds another extraction of Bridge's tests ({marker.read_text().splitlines()[0]}, "
-            f"or fewer paths than {', '.join(EXTRACTED)}): remove it or pass another --tests-root"
-        )
-    if (tests_root / "tests" / "unit_tests").is_dir():
+        say(f"{tests_root} holds another extraction (this script's marker differs): extracting again")
+        shutil.rmtree(tests_root)
+    elif (tests_root / "tests" / "unit_tests").is_dir():
         return  # tests put there by hand (--tests-root pointing at a checkout): used as they are
     if not mirror.is_dir():
         raise SystemExit(f"no Bridge tests in {tests_root} and no mirror at {mirror}: pass --tests-root or --mirror")
@@ -313,6 +314,26 @@ def cause_group(text: str) -> str:
     return text[:160]
 
 
+def nodeid_of(test_id: str, tests_root: Path) -> str:
+    """A junit test id (``pkg.module.Class::name``) as a pytest node id (``pkg/module.py::Class::name``)."""
+    classname, _, name = test_id.partition("::")
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = Path(*parts[:cut]).with_suffix(".py")
+        if (tests_root / path).is_file():
+            return "::".join([path.as_posix(), *parts[cut:], name] if name else [path.as_posix(), *parts[cut:]])
+    return test_id
+
+
+def reproduce_command(nodeid: str, run: str, args: argparse.Namespace) -> str:
+    """One shell line running ``nodeid`` alone as ``run`` does."""
+    env = f"PYTHONPATH={SCRIPTS_DIR}:{args.deps_dir}"
+    if run == "opted_out":
+        env += f" {DISABLE_ENV}=1"
+    return (f"cd {args.tests_root} && {env} {args.python} -m pytest -p no:cacheprovider -p {PLUGIN_MODULE} "
+            f"-o addopts= -q '{nodeid}'")
+
+
 def intended_reason(test_id: str, intended: dict[str, str]) -> str | None:
     for pattern, reason in intended.items():
         if fnmatch.fnmatchcase(test_id, pattern):
@@ -384,6 +405,8 @@ def print_summary(report: dict[str, Any]) -> None:
                 say(f"      {key}: {d[key]}")
         if d["reason"]:
             say(f"      reason: {d['reason']}")
+        if d.get("reproduce"):
+            say(f"      reproduce: {d['reproduce']['active']}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -427,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     report = compare(results["active"], results["opted_out"], INTENDED)
+    for diff in report["differences"]:
+        nodeid = nodeid_of(diff["test"], args.tests_root)
+        diff["reproduce"] = {run: reproduce_command(nodeid, run, args) for run in RUNS}
     report["selection"] = {"paths": args.paths, "keyword": args.keyword, "deselect": args.deselect}
     report["bridge_tests"] = {"root": str(args.tests_root), "ref": args.ref}
     report["plugin"] = plugin_revision()
