@@ -193,6 +193,8 @@ def compile_pattern(text: Any, kind: str) -> Pattern:
             re.compile(text)
     except re.error as exc:
         raise _invalid(key, text, str(exc)) from None
+    except (OverflowError, RecursionError) as exc:  # a repeat count past 2**32, groups nested thousands deep
+        raise _invalid(key, text, f"{type(exc).__name__}: {exc}") from None
     except FutureWarning as warning:
         raise InvalidPatternError(
             f"{key} entry '{text}' is ambiguous: {warning}. Python reads '[[', '--', '&&', '~~' and '||' inside "

@@ -127,9 +127,17 @@ def _overlap_message(overlaps: list[str], context: BuildContext, peft: Any, hook
         f"{trained} at full rank next to the adapters, but LoRA put adapters on {len(overlaps)} of those full-rank "
         f"parameter(s): {shown}{more}. A weight cannot train through an adapter and at full rank at once (and "
         f"Bridge's checkpoint would silently drop a wrapped one). Scope LoRA away from them (target_modules with "
-        f"full names, e.g. 'language_model.*linear_qkv', or exclude_modules), or set the freeze flag of their part "
-        f"so that it trains through adapters only."
+        f"full names that name a part trained through adapters, e.g. {_scoped_example(context)}, or "
+        f"exclude_modules), or set the freeze flag of their part so that it trains through adapters only."
     )
+
+
+def _scoped_example(context: BuildContext) -> str:
+    """A target naming a part the selection trains through adapters only (``'<prefix>.*linear_qkv'``)."""
+    family = context.family
+    frozen = [p for p in context.selection.frozen_parts()] if family is not None else []
+    prefixes = [prefix for part in frozen for prefix in family.prefixes(part)] if family is not None else []
+    return f"'{prefixes[0]}.*linear_qkv'" if prefixes else "a part whose freeze flag is set"
 
 
 def trainable_state_dict(model: Any) -> Any:

@@ -161,3 +161,9 @@ def test_every_error_class_is_importable_from_the_package():
     defined = {n for n, c in vars(errors).items() if inspect.isclass(c) and c.__module__ == errors.__name__}
     assert defined <= set(bfp.__all__)
     assert all(getattr(bfp, n) is getattr(errors, n) for n in defined)
+
+
+@pytest.mark.parametrize("pattern", ["a{4294967296}", "(" * 3000 + "a" + ")" * 3000])
+def test_a_pattern_python_cannot_compile_is_an_invalid_pattern_error_in_the_api(pattern):
+    with pytest.raises(bfp.InvalidPatternError, match="train_patterns entry"):
+        bfp.FreezeSelection(train_patterns=[pattern])
