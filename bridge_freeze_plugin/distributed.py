@@ -23,7 +23,7 @@ from typing import Any
 from bridge_freeze_plugin.build.classify import Classifier, named_parameters
 from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.patterns import PatternTally, check_matched
-from bridge_freeze_plugin.ranks import world
+from bridge_freeze_plugin.ranks import collective_device, world
 from bridge_freeze_plugin.report import FreezeReport
 from bridge_freeze_plugin.state import provider_state
 
@@ -77,8 +77,10 @@ def model_wide_report(model: Any, local: FreezeReport, classifier: Classifier) -
     selection = local.selection
     patterns = PatternTally(selection.patterns, selection.frozen_parts()) if selection.patterns else None
     vector = _local_tally(model, classifier, parallel_state, patterns).as_vector()
-    counts = torch.tensor(vector + (patterns.as_vector() if patterns else []), dtype=torch.int64)
+    counts = torch.tensor(vector + (patterns.as_vector() if patterns else []), dtype=torch.int64,
+                          device=collective_device())  # NCCL takes CUDA tensors only
     dist.all_reduce(counts)  # world group: the owners above make each parameter count once
+    counts = counts.cpu()
     values = counts.tolist()
     report = dataclasses.replace(local, parts=PartTally.from_vector(values[: len(vector)]).parts())
     if patterns is None:

@@ -24,3 +24,18 @@ def is_rank0() -> bool:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return bool(dist.get_rank() == 0)
     return os.environ.get("RANK", "0") == "0"
+
+
+def collective_device(group: Any = None) -> Any:
+    """The device a small tensor must be on for a collective over ``group`` (the world by default).
+
+    A gloo group (or a machine without CUDA) takes CPU tensors; NCCL, which Bridge's training uses by default
+    (``distributed_backend="nccl"``), takes only CUDA tensors, on the rank's current device.
+    """
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError
+from bridge_freeze_plugin.ranks import collective_device
 
 if TYPE_CHECKING:
     import torch
@@ -159,15 +160,11 @@ def _describe(bridge: Any) -> str:
 
 def _collective(group: Any) -> tuple[Any, Any]:
     """``torch.distributed`` and the device its ``all_reduce`` takes over ``group``, or ``(None, None)``."""
-    import torch
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return None, None
-    backend = str(dist.get_backend(group)).lower()
-    if "gloo" in backend or not torch.cuda.is_available():
-        return dist, torch.device("cpu")
-    return dist, torch.device("cuda", torch.cuda.current_device())
+    return dist, collective_device(group)
 
 
 def _agree_on_length(dist: Any, device: Any, group: Any, length: int, bridge: Any) -> None:

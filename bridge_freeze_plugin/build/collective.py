@@ -20,7 +20,7 @@ from bridge_freeze_plugin.errors import (
     UnclassifiedParameterError,
     UnsupportedFreezeFlagError,
 )
-from bridge_freeze_plugin.ranks import world
+from bridge_freeze_plugin.ranks import collective_device, world
 
 #: Error codes exchanged between ranks (0: no error). Order matters: first match wins.
 _CODES: tuple[type[BaseException], ...] = (
@@ -55,7 +55,9 @@ def agree_on_error(error: BaseException | None) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     codes = torch.zeros(size, dtype=torch.int64)
     codes[rank] = _code(error)
+    codes = codes.to(collective_device())  # NCCL takes CUDA tensors only
     dist.all_reduce(codes)  # SUM: each rank fills its own slot
+    codes = codes.cpu()
     failed = [r for r in range(size) if codes[r].item()]
     if not failed:
         return

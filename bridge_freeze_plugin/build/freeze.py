@@ -59,12 +59,15 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     if located and selection.any_set:
         raise _unclassified(located, context)
 
+    decided: dict[int, bool] = {}
     for name, part, param in classified:
         if part is not None:
             setattr(param, PART_ATTR, part.value)
         wanted = context.wants_trainable(name, part)
         if wanted is not None:
             param.requires_grad_(wanted)
+            decided[id(param)] = wanted
+    freeze_expert_biases(chunks, decided)
     for chunk in chunks:
         state = chunk_state(chunk)
         if state is None or state.selection != selection or state.family != family.name:
@@ -76,6 +79,26 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("bridge-freeze applied to %d chunk(s):\n%s", len(chunks), report.format())
     return report, classifier
+
+
+def freeze_expert_biases(chunks: list[Any], decided: dict[int, bool]) -> int:
+    """A MoE router's ``expert_bias`` is frozen with its router (how many were frozen).
+
+    megatron-core's ``finalize_model_grads`` updates that buffer after every step from the token counts, with no
+    gradient, unless the router's ``frozen_expert_bias`` is set: a frozen language model's routing would still
+    change. A router whose ``weight`` the selection freezes gets ``frozen_expert_bias = True``; one whose weight
+    trains keeps Bridge's setting.
+    """
+    frozen = 0
+    for chunk in chunks:
+        for module in chunk.modules():
+            weight = getattr(module, "weight", None)
+            if getattr(module, "expert_bias", None) is None or not hasattr(module, "frozen_expert_bias"):
+                continue
+            if weight is not None and decided.get(id(weight)) is False:
+                module.frozen_expert_bias = True
+                frozen += 1
+    return frozen
 
 
 def pattern_summary(context: BuildContext, classified: Any) -> PatternSummary | None:

@@ -167,3 +167,21 @@ def test_every_error_class_is_importable_from_the_package():
 def test_a_pattern_python_cannot_compile_is_an_invalid_pattern_error_in_the_api(pattern):
     with pytest.raises(bfp.InvalidPatternError, match="train_patterns entry"):
         bfp.FreezeSelection(train_patterns=[pattern])
+
+
+@pytest.mark.parametrize(("backend", "cuda", "expected"), [
+    ("gloo", False, "cpu"), ("gloo", True, "cpu"), ("nccl", True, "cuda"), ("cpu:gloo,cuda:nccl", True, "cpu"),
+    ("nccl", False, "cpu"),
+])
+def test_plugin_collectives_put_their_tensors_where_the_backend_takes_them(monkeypatch, backend, cuda, expected):
+    """Bridge's training starts NCCL by default, which refuses CPU tensors: the plugin's build-time collectives
+    (errors agreed on every rank, the model-wide report, the sync's task marks) follow the backend."""
+    import torch
+    import torch.distributed as dist
+
+    from bridge_freeze_plugin.ranks import collective_device
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert collective_device().type == expected

@@ -242,11 +242,14 @@ def test_lora_on_the_language_model_plus_full_rank_projection_sends_merged_bases
     assert set(unmerged) == {n for n in facts["full_names"] if QWEN3_PROJECTION.search(n)}
 
 
-def test_a_frozen_moe_routers_expert_bias_is_sent_because_megatron_updates_it_without_gradients(checkpoints):
-    """ERNIE-4.5-VL routes with an expert bias (HF ``moe_statics.e_score_correction_bias``, text and vision rows
-    in one tensor). megatron-core's ``finalize_model_grads`` moves it after every step from the token counts, whether
-    or not the router trains; here its ``_update_router_expert_bias`` (what ``finalize_model_grads`` calls; the
-    public function also needs a DDP-wrapped model) runs after the steps, as in a Bridge training step."""
+ERNIE_ROUTERS = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.weight(_1)?$")
+
+
+def _ernie_run_with_expert_bias_updates(checkpoints: Callable[[str], Path], **selection: Any) -> dict[str, Any]:
+    """ERNIE-4.5-VL routes with an expert bias (HF ``moe_statics.e_score_correction_bias``, text and vision rows in
+    one tensor) that megatron-core's ``finalize_model_grads`` moves after every step from the token counts, with
+    no gradient; here its ``_update_router_expert_bias`` (what ``finalize_model_grads`` calls; the public function
+    also needs a DDP-wrapped model) runs after each step, as in a Bridge training step."""
     import torch
     from megatron.core.distributed.finalize_model_grads import _update_router_expert_bias
 
@@ -262,13 +265,30 @@ def test_a_frozen_moe_routers_expert_bias_is_sent_because_megatron_updates_it_wi
 
             patcher.setattr(torch.optim.AdamW, "step", step_then_update)
 
-        run = train_and_export(checkpoints("ernie45_vl"), "ernie45_vl", **PROJECTION_ONLY,
-                               after_build=update_expert_bias_after_each_step)
+        return train_and_export(checkpoints("ernie45_vl"), "ernie45_vl", **selection,
+                                after_build=update_expert_bias_after_each_step)
+
+
+def test_a_frozen_routers_expert_bias_stays_and_is_not_sent(checkpoints):
+    """The plugin freezes a router's expert bias with its router (``frozen_expert_bias``): projection only, the
+    bias cannot move, so the sync leaves it out."""
+    run = _ernie_run_with_expert_bias_updates(checkpoints, **PROJECTION_ONLY)
     assert not {n for n in run["trainable"] if n.startswith("language_model.")}
     facts = sync_facts(run["original"], run["full"], run["sent"])
     # The CPU build's ERNIE layers have no LayerNorm fused into their linears (no TransformerEngine): Bridge's
     # mappings for input/post-attention norms name those fused weights, so neither load nor export has them.
-    check(facts, any_of(ERNIE_PROJECTION, ERNIE_EXPERT_BIAS), whole_checkpoint=False)
+    check(facts, any_of(ERNIE_PROJECTION), whole_checkpoint=False)
+    assert not {n for n in facts["changed"] if ERNIE_EXPERT_BIAS.search(n)}
+
+
+def test_a_trained_routers_expert_bias_moves_without_gradients_and_is_sent(checkpoints):
+    """Routers trained by a train pattern inside the frozen language model: their expert bias is megatron-core's
+    to move (no gradient of its own), so the sync sends it with the router weights."""
+    run = _ernie_run_with_expert_bias_updates(checkpoints, **PROJECTION_ONLY,
+                                              train_patterns=[r"language_model\..*\.router\.weight"])
+    assert {n for n in run["trainable"] if n.startswith("language_model.")}
+    facts = sync_facts(run["original"], run["full"], run["sent"])
+    check(facts, any_of(ERNIE_PROJECTION, ERNIE_EXPERT_BIAS, ERNIE_ROUTERS), whole_checkpoint=False)
     assert {n for n in facts["changed"] if ERNIE_EXPERT_BIAS.search(n)}
 
 
