@@ -18,6 +18,7 @@ Each message names what was asked, on which model, and what to do instead. The h
     │   ├── InvalidPatternError                 a train/freeze pattern that is not a valid regular expression
     │   ├── PartLearningRateError               a per-part learning rate that is invalid or would not apply
     │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
+    ├── TrainableSyncError (RuntimeError)       a trainable-only weight sync cannot limit this export safely
     ├── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
     └── CommandError (ValueError)               a ``bridge-freeze`` sub-command cannot do what its arguments ask
 """
@@ -124,6 +125,10 @@ class PartLearningRateError(InvalidFreezeConfigError):
     Raised when the config is read, when the optimizer's parameter groups are made, and when they are checked
     after the optimizer is built: a configured learning rate is never silently ignored.
     """
+
+
+class TrainableSyncError(BridgeFreezeError, RuntimeError):
+    """A trainable-only weight sync (``export_trainable_hf_weights``) was asked for an export it cannot limit safely."""
 
 
 class PlanError(BridgeFreezeError, ValueError):

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bridge_freeze_plugin.errors import BridgeFreezeError
+from bridge_freeze_plugin.errors import TrainableSyncError
 from bridge_freeze_plugin.ranks import collective_device
 
 if TYPE_CHECKING:
@@ -48,10 +48,6 @@ __all__ = ["TrainableSyncError", "export_trainable_hf_weights", "trainable_conve
 
 #: How many rounds of "keep a whole group, agree across ranks" may run before giving up (each round adds tasks).
 _MAX_ROUNDS = 16
-
-
-class TrainableSyncError(BridgeFreezeError, RuntimeError):
-    """A trainable-only weight sync was asked for an export it cannot limit safely."""
 
 
 def export_trainable_hf_weights(

@@ -19,6 +19,7 @@ EXPECTED = {
     "activation": {"python_c_pass", "import_megatron_bridge"},
     "plan": {"available", "time_ratio", "peak_rss_ratio"},
     "recompute": {"cpu_tiny", "full_size_estimate"},
+    "sync": {"selections", "all_bytes_ratios_are_shares", "checkpoint_bytes"},
 }
 
 
