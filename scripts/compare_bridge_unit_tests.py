@@ -434,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.tests_root = args.tests_root.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    revision_before = None if args.reuse else plugin_revision()
     try:
         if args.reuse:
             results = {run: load_run(run, args.out_dir) for run in RUNS}
@@ -455,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         diff["reproduce"] = {run: reproduce_command(nodeid, run, args) for run in RUNS}
     report["selection"] = {"paths": args.paths, "keyword": args.keyword, "deselect": args.deselect}
     report["bridge_tests"] = {"root": str(args.tests_root), "ref": args.ref}
-    report["plugin"] = plugin_revision()
+    # The checkout can move while the runs go on (other people commit): both ends are recorded.
+    report["plugin"] = {"before_runs": revision_before, "after_runs": plugin_revision()}
     out = args.out_dir / "differences.json"
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print_summary(report)
