@@ -30,6 +30,8 @@ _SELECTABLE = {p.value for p in SELECTABLE_PARTS}
 def full_rank_parts_of_model(model: Any) -> list[str]:
     """The parts of ``model`` (a module or chunks) whose base weights train at full rank."""
     chunks = model if isinstance(model, (list, tuple)) else [model]
+    # Bridge hands the model on as it is: anything without parameters (a test double) is Bridge's to judge
+    chunks = [c for c in chunks if callable(getattr(c, "parameters", None))]
     parts = {getattr(p, PART_ATTR, None) for c in chunks for p in c.parameters() if p.requires_grad}
     return sorted(parts & _SELECTABLE)
 
