@@ -61,7 +61,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 CONSTRAINTS=(-c requirements/constraints.txt)
 "${PIP[@]}" install "${CONSTRAINTS[@]}" -r requirements/base.txt -r requirements/training.txt -r requirements/dev.txt
 # The full megatron-bridge / megatron-core dependency trees do not install without CUDA; what they
-# import for building and training models is in base.txt. See README, "Set-up".
+# import for building and training models is in base.txt. See docs/development.md.
 "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps -r requirements/megatron.txt
 install_project
 echo "$want" > "$stamp"

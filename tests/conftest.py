@@ -1,5 +1,5 @@
 """Shared fixtures. Real Megatron-Bridge models are built tiny on the CPU through the project's
-own test support (``bridge_freeze_harness``); see README, "Which families are real"."""
+own test support (``bridge_freeze_harness``); see docs/families.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,23 @@
-"""The README's runnable examples run as written (a README a user copies from must not rot)."""
+"""The docs' runnable examples run as written (a page a user copies from must not rot)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def python_block_under(heading: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, f"no python example under '## {heading}'"
+def first_python_block(page: str) -> str:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    match = re.search(r"```python\n(.*?)```", text, re.S)
+    assert match, f"no python example in docs/{page}"
     return match.group(1)
 
 
 def test_the_lora_with_full_rank_parts_example_runs_and_trains_what_it_says(cpu_bridge, capsys):
     namespace: dict = {}
-    exec(compile(python_block_under("LoRA with full-rank parts"), "README.md", "exec"), namespace)
+    exec(compile(first_python_block("lora.md"), "docs/lora.md", "exec"), namespace)
     chunks, state = namespace["chunks"], namespace["state"]
     trained = {n for n, p in chunks[0].named_parameters() if p.requires_grad}
     projection = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
