@@ -34,6 +34,7 @@ from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.build.flags import FlagField
 from bridge_freeze_plugin.build.pipeline import get_model_frozen, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
+from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import setup_check
 from bridge_freeze_plugin.provider import declared_default, is_plugin_class, resolve_family
 from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
@@ -61,6 +62,7 @@ def activate() -> None:
             return
         STATE.active = True
     REGISTRY.load_entry_points()
+    generated.allow_targets()
     for spec in REGISTRY:
         _watch(spec)
     POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
@@ -113,6 +115,7 @@ def deactivate() -> None:
             _restore_later_subclasses(cls, flag, fld, value)
         STATE.field_defaults.clear()
         STATE.original_defaults.clear()
+        generated.disallow_targets()
         STATE.active = False
         STATE.deactivated_by_user = True
 

@@ -43,9 +43,8 @@ _SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 #: The fields that hold a sequence of strings (a provider may also be given as a class).
 SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
                    "no_full_recompute", "full_recompute_affects")
-#: The fields that hold one string, and the one that holds a bool.
+#: The fields that hold one string.
 TEXT_FIELDS = ("description", "recompute_note", "source")
-BOOL_FIELDS = ("projection_needs_recompute_off",)
 
 
 def _string_tuple(family: Any, attr: str, value: Any) -> tuple[str, ...]:
@@ -86,12 +85,6 @@ def _check_scalars(spec: Any) -> None:
         if not isinstance(value, str):
             raise FamilyRegistrationError(
                 f"family {spec.name!r}: {attr} must be a string, not {type(value).__name__} {value!r}"
-            )
-    for attr in BOOL_FIELDS:
-        value = getattr(spec, attr)
-        if not isinstance(value, bool):
-            raise FamilyRegistrationError(
-                f"family {spec.name!r}: {attr} must be True or False, not {type(value).__name__} {value!r}"
             )
 
 
@@ -142,8 +135,6 @@ class FamilySpec:
     description: str = ""
     #: HF ``config.json`` ``model_type`` values of this family (to recognise a checkpoint or config).
     hf_model_types: tuple[str, ...] = ()
-    #: Known Bridge issue: under full activation recompute the projection (part of it) gets no gradient.
-    projection_needs_recompute_off: bool = False
     #: Why, in one clause a message can quote (family knowledge stays in the family's table).
     recompute_note: str = ""
     #: Modules (prefixes) whose full activation recompute gives wrong gradients: the plugin turns recompute off
@@ -235,7 +226,6 @@ class FamilySpec:
             **{part.value: list(self.prefixes(part)) for part in (*SELECTABLE_PARTS, Part.OTHER)},
             "description": self.description,
             "hf_model_types": list(self.hf_model_types),
-            "projection_needs_recompute_off": self.projection_needs_recompute_off,
             "recompute_note": self.recompute_note,
             "no_full_recompute": list(self.no_full_recompute),
             "full_recompute_affects": list(self.full_recompute_affects),

@@ -183,7 +183,6 @@ def register_family(
     other: Iterable[str] = (),
     description: str = "",
     hf_model_types: Iterable[str] = (),
-    projection_needs_recompute_off: bool = False,
     recompute_note: str = "",
     no_full_recompute: Iterable[str] = (),
     full_recompute_affects: Iterable[str] = (),
@@ -204,7 +203,6 @@ def register_family(
         other=other,  # type: ignore[arg-type]
         description=description,
         hf_model_types=hf_model_types,  # type: ignore[arg-type]
-        projection_needs_recompute_off=projection_needs_recompute_off,
         recompute_note=recompute_note,
         no_full_recompute=no_full_recompute,  # type: ignore[arg-type]
         full_recompute_affects=full_recompute_affects,  # type: ignore[arg-type]

@@ -16,7 +16,6 @@ _QWEN3_LAYOUT = {
 # encoder layers before them a wrong one (measured: tests/unit/test_recompute_fix.py). Qwen3.5-VL shares the
 # layout but its vision config has no DeepStack indexes: its recompute gradients are right (same test).
 _QWEN3_RECOMPUTE = {
-    "projection_needs_recompute_off": True,
     "recompute_note": (
         "the vision config copies the language model's recompute settings, and the DeepStack mergers run "
         "inside the checkpointed function and hand their outputs back in a Python list, which the checkpoint "

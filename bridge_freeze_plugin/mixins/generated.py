@@ -114,4 +114,23 @@ def _allow_in_bridge_targets(module: Any) -> None:
             register(prefix)
 
 
-POST_IMPORT.watch(_BRIDGE_INSTANTIATE, _allow_in_bridge_targets)
+def allow_targets() -> None:
+    """Let Bridge's ``instantiate`` build the plugin's classes (now, or once Bridge's module is imported)."""
+    POST_IMPORT.watch(_BRIDGE_INSTANTIATE, _allow_in_bridge_targets)
+
+
+def disallow_targets() -> None:
+    """Take the plugin's prefixes off Bridge's ``_target_`` allowlist again (``deactivate()``)."""
+    module = sys.modules.get(_BRIDGE_INSTANTIATE)
+    if module is None:
+        return
+    prefixes = getattr(module, "_ALLOWED_TARGET_PREFIXES", None)
+    allowlist = getattr(module, "target_allowlist", None)
+    for prefix in ALLOWED_TARGET_PREFIXES:
+        if isinstance(prefixes, set):
+            prefixes.discard(prefix)
+        if allowlist is not None and prefix in allowlist.allowed_prefixes:
+            allowlist.remove_prefix(prefix)
+
+
+allow_targets()

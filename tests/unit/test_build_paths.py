@@ -185,3 +185,16 @@ def test_plugin_collectives_put_their_tensors_where_the_backend_takes_them(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert collective_device().type == expected
+
+
+def test_deactivate_takes_the_plugins_targets_off_bridges_allowlist(cpu_bridge):
+    from megatron.bridge.utils import instantiate_utils
+
+    target = "bridge_freeze_plugin.optim.bridge.PartLROverrideProvider"
+    assert instantiate_utils.target_allowlist.is_allowed(target)
+    bfp.deactivate()
+    try:
+        assert not instantiate_utils.target_allowlist.is_allowed(target)
+    finally:
+        bfp.activate()
+    assert instantiate_utils.target_allowlist.is_allowed(target)

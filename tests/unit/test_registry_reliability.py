@@ -72,9 +72,7 @@ def test_a_mapping_a_scalar_or_a_bad_item_is_refused(value):
         register_family("my_vlm", registry=FamilyRegistry(), **fields(language_model=value))
 
 
-@pytest.mark.parametrize(("attr", "value"), [("description", ["a VLM"]), ("recompute_note", 3), ("source", None),
-                                             ("projection_needs_recompute_off", "yes"),
-                                             ("projection_needs_recompute_off", 1)])
+@pytest.mark.parametrize(("attr", "value"), [("description", ["a VLM"]), ("recompute_note", 3), ("source", None)])
 def test_scalar_fields_of_the_wrong_type_are_refused(attr, value):
     with pytest.raises(FamilyRegistrationError, match=rf"family 'my_vlm': {attr} must be"):
         register_family("my_vlm", registry=FamilyRegistry(), **fields(**{attr: value}))
