@@ -104,6 +104,18 @@ TRAIN_SPECS = {
 }
 
 
+def _zero_centred_norm(default: Any) -> Any:
+    """A norm builder: the local ``Norm`` for a config with zero-centred gamma, else ``default``."""
+
+    def build(config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> Any:
+        from bridge_freeze_harness.local_layers import Norm
+
+        norm = Norm if getattr(config, "layernorm_zero_centered_gamma", False) else default
+        return norm(config=config, hidden_size=hidden_size, eps=eps, **kwargs)
+
+    return build
+
+
 @contextlib.contextmanager
 def cpu_patches() -> Iterator[None]:
     """Any Gemma3 build (e.g. a full-size config, whose spec is Bridge's TE-only ``gemma3_layer_spec``).
@@ -112,8 +124,16 @@ def cpu_patches() -> Iterator[None]:
     parameter names (fused ``linear_qkv.layer_norm_weight``, ``linear_proj.post_layernorm``, zero-centred
     gamma) and megatron-core's local ``DotProductAttention``. The tiny configuration does not need this (it
     builds from the local GPT spec, see above), but it runs under it too.
+
+    Two more norms are built outside that spec: the projector's ``mm_soft_embed_norm``
+    (``modeling_gemma3_vl.TENorm``) and the decoder's ``final_layernorm`` (megatron-core's
+    ``transformer_block.LayerNormImpl``, torch's norm without TE). A real Gemma 3 config has zero-centred gamma,
+    which torch's norm refuses: with it, both become the local ``Norm`` (same ``weight`` name); without it (the
+    tiny configuration) they stay what they were.
     """
     from megatron.bridge.models.gemma import gemma3_provider
+    from megatron.bridge.models.gemma_vl import modeling_gemma3_vl
+    from megatron.core.transformer import transformer_block
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from bridge_freeze_harness.local_layers import LayerNormColumnParallelLinear, Norm, RowParallelLinearLayerNorm
@@ -123,6 +143,8 @@ def cpu_patches() -> Iterator[None]:
         (gemma3_provider, "TERowParallelLinearLayerNorm", RowParallelLinearLayerNorm),
         (gemma3_provider, "Gemma3TEDotProductAttention", DotProductAttention),
         (gemma3_provider, "TENorm", Norm),
+        (modeling_gemma3_vl, "TENorm", _zero_centred_norm(modeling_gemma3_vl.TENorm)),
+        (transformer_block, "LayerNormImpl", _zero_centred_norm(transformer_block.LayerNormImpl)),
     ]
     with patched(patches):
         yield

@@ -22,6 +22,7 @@ layers (first layer dense, second MoE, as Kimi K2's ``first_k_dense_replace=1``)
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import types
 from collections.abc import Iterator
@@ -45,6 +46,19 @@ VISION_STAND_IN_REASON = (
 OFFLINE_PATH_PREFIX = "offline-tiny/kimi_k25_vl/"
 _OFFLINE_VISION_CONFIGS: dict[str, Any] = {}
 _counter = itertools.count()
+#: Any-size models answered offline by :func:`cpu_patches`: ``hf_model_path`` -> the vision config
+#: (registered by :func:`register_offline_model`, e.g. by ``bridge-freeze plan`` for a published config.json).
+_OFFLINE_MODELS: dict[str, Any] = {}
+
+
+def register_offline_model(path: str, vision_config: Any) -> None:
+    """Let a build whose ``hf_model_path`` is ``path`` get the remote classes and ``vision_config`` offline.
+
+    For a real (any-size) Kimi K2.5 config read without its remote code: the look-ups for ``path`` are
+    answered by :func:`cpu_patches` with this module's structural stand-ins (same parameter names and shapes
+    as the published checkpoint's ``vision_tower.**`` / ``mm_projector.**`` tensors).
+    """
+    _OFFLINE_MODELS[path] = vision_config
 
 TINY_MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}
 TINY_MOE = {
@@ -93,6 +107,45 @@ def tiny_patches() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Any Kimi K2.5 build: MLA on local layers, and the hub look-ups for :func:`register_offline_model` paths.
+
+    1. Bridge's conversion sets the layer spec to megatron-core's ``get_gpt_decoder_block_spec`` (local layers
+       without TE), whose core attention, megatron-core's local ``DotProductAttention``, does not accept the
+       ``k_channels`` / ``v_channels`` that ``MLASelfAttention`` passes: while building, the local spec
+       provider hands out :func:`_mla_local_core_attention` instead (no parameters; the tiny configuration's
+       own spec already does the same).
+    2. ``KimiK25VLModel.__init__``'s two hub look-ups are answered offline for registered paths; any other path
+       goes to the real look-ups unchanged (tiny paths are :func:`tiny_patches`').
+    """
+    from megatron.bridge.models.hf_pretrained import safe_config_loader
+    from megatron.bridge.models.kimi_vl import modeling_kimi_k25_vl
+    from megatron.core.models.backends import LocalSpecProvider
+
+    original_get_class = modeling_kimi_k25_vl.get_class_from_dynamic_module
+    original_load_config = safe_config_loader.safe_load_config_with_retry
+
+    def get_class(class_reference: str, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        if pretrained_model_name_or_path in _OFFLINE_MODELS:
+            return REMOTE_CLASSES[class_reference]
+        return original_get_class(class_reference, pretrained_model_name_or_path, *args, **kwargs)
+
+    def load_config(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if path in _OFFLINE_MODELS:
+            return types.SimpleNamespace(vision_config=_OFFLINE_MODELS[path])
+        return original_load_config(path, *args, **kwargs)
+
+    patches = [
+        (LocalSpecProvider, "core_attention", lambda _self: _mla_local_core_attention()),
+        (modeling_kimi_k25_vl, "get_class_from_dynamic_module", get_class),
+        (safe_config_loader, "safe_load_config_with_retry", load_config),
+    ]
+    with patched(patches):
+        yield
+
+
+@functools.cache
 def _mla_local_core_attention() -> type:
     """megatron-core's local ``DotProductAttention``, accepting the head sizes MLA passes.
 

@@ -3,7 +3,8 @@
 Each refusal is a :class:`~bridge_freeze_plugin.errors.PlanError` naming the file, the key and the fix:
 
 - the file itself: UTF-8 text, not empty, valid JSON, one JSON object at the top level;
-- ``model_type``: present, a string, and a type the installed transformers knows (no remote code runs);
+- ``model_type``: present, a string, and a type the installed transformers knows or that
+  :mod:`.offline_configs` reads offline (no remote code runs); otherwise the message lists the types plan reads;
 - the sizes the build reads (:data:`SIZE_KEYS`, at any depth): a positive integer when they are integers
   (other wrong types are transformers' own field validation, translated by :func:`field_error`);
 - the size of the build: a meta-device build takes time in proportion to the modules it creates, about
@@ -70,22 +71,44 @@ _TYPES_HINT = "e.g. \"qwen3_vl_moe\"; `bridge-freeze families --json` lists each
 
 
 def check_model_type(doc: dict[str, Any], cfg_file: Path) -> str:
-    """``model_type``: present, a string, known to the installed transformers."""
+    """``model_type``: present, a string, and either known to the installed transformers or read offline here."""
     if "model_type" not in doc:
         raise PlanError(f"{cfg_file} has no `model_type` key: add the model's Hugging Face type ({_TYPES_HINT})")
     model_type = doc["model_type"]
     if not isinstance(model_type, str):
         raise PlanError(f"{cfg_file}: `model_type` is {json.dumps(model_type)}, not a string: write the model's "
                         f"Hugging Face type as a string ({_TYPES_HINT})")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES
+
+    if model_type not in CONFIG_MAPPING_NAMES and model_type not in OFFLINE_TYPES:
+        raise PlanError(unknown_type_message(model_type, cfg_file, remote="auto_map" in doc))
+    return model_type
+
+
+def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> str:
+    """What to do with a config whose ``model_type`` neither transformers nor the offline readers know."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    if model_type not in CONFIG_MAPPING_NAMES:
-        remote = " (its auto_map names remote code, which plan does not run)" if "auto_map" in doc else ""
-        raise PlanError(f"{cfg_file}: `model_type` {model_type!r} is not a model type transformers "
-                        f"{transformers.__version__} knows{remote}: fix `model_type` ({_TYPES_HINT}), or install a "
-                        f"transformers that has it")
-    return model_type
+    from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES
+    from bridge_freeze_plugin.registry import list_families
+
+    readable, tiny_only = [], []
+    for family in list_families():
+        for hf_type in family.hf_model_types:
+            known = hf_type in CONFIG_MAPPING_NAMES or hf_type in OFFLINE_TYPES
+            (readable if known else tiny_only).append(f"{hf_type} ({family.name})")
+    what = ("remote code (its auto_map names files on the hub, which plan never runs nor downloads)" if remote
+            else "a model type")
+    return (
+        f"{cfg_file}: `model_type` {model_type!r} is {what} that neither transformers {transformers.__version__} "
+        f"nor plan's offline readers know. plan reads configs of these types: {', '.join(readable)}; these "
+        f"registered types can be planned only with --tiny here: {', '.join(tiny_only) or 'none'}. For a model "
+        f"of another family, plan it once a bridge-freeze family covers it (bridge-freeze families); for a newer "
+        f"transformers model, install a transformers that has {model_type!r}"
+    )
 
 
 def _walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

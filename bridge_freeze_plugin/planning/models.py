@@ -94,10 +94,16 @@ def load_hf_config(
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
+    from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES, read_offline
+
     try:
+        if doc["model_type"] in OFFLINE_TYPES:
+            return read_offline(doc, cfg_file), cfg_file
         return AutoConfig.from_pretrained(str(cfg_file)), cfg_file
     except StrictDataclassError as exc:
         raise field_error(exc, doc, cfg_file) from exc
+    except PlanError:
+        raise
     except Exception as exc:  # transformers' own reading of a config: any failure is the config's
         raise PlanError(f"cannot read {cfg_file} as a transformers config: {error_line(exc)}") from exc
 
@@ -116,7 +122,11 @@ def convert_hf_config(hf_config: Any, cfg_file: Path) -> Any:
         if hasattr(provider, name):
             setattr(provider, name, value)
     if getattr(provider, "num_moe_experts", None):
-        provider.moe_token_dispatcher_type = "allgather"  # all-to-all creates a CUDA stream
+        # all-to-all and flex create CUDA streams / kernels in __init__; allgather builds the same modules and
+        # parameters. Megatron refuses the shared-expert overlap (a scheduling choice, no parameter of its own)
+        # with allgather, so it goes with it: Bridge turns it on for GLM-4.5V and Kimi K2.5.
+        provider.moe_token_dispatcher_type = "allgather"
+        provider.moe_shared_expert_overlap = False
     try:
         provider.finalize()
     except Exception as exc:

@@ -65,8 +65,13 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
     "invalid JSON": (b'{"model_type": ', ("is not valid JSON", "line 1 column 16")),
     "missing model_type": (_changed("model_type", DELETE), ("has no `model_type` key", "add the model's")),
     "numeric model_type": (_changed("model_type", 5), ("`model_type` is 5, not a string",)),
+    # The real options, never "change model_type" (wrong advice for a maker's genuine config).
     "unknown model_type": (_changed("model_type", "no_such_vlm"),
-                           ("`model_type` 'no_such_vlm' is not a model type transformers", "fix `model_type`")),
+                           ("`model_type` 'no_such_vlm' is a model type that neither transformers",
+                            "plan reads configs of these types: ", "qwen3_vl_moe (qwen3_vl_moe)",
+                            "kimi_k25 (kimi_k25_vl)", "install a transformers that has 'no_such_vlm'")),
+    "unknown remote-code model_type": ({**_changed("model_type", "no_such_vlm"), "auto_map": {"AutoConfig": "x.Y"}},
+                                       ("'no_such_vlm' is remote code (its auto_map names files on the hub",)),
     "string hidden_size": (_changed("text_config.hidden_size", "64"), ('`text_config.hidden_size` = "64" is not',
                                                                         "expected int, got str", "fix the value")),
     "float hidden_size": (_changed("text_config.hidden_size", 64.5), ("`text_config.hidden_size` = 64.5 is not",)),
@@ -108,6 +113,7 @@ def test_bad_config_is_one_config_error_naming_file_key_and_fix(tmp_path, capsys
     assert lines[0].startswith(f"bridge-freeze plan: error: {path}"), lines[0]
     for text in expected:
         assert text in lines[0], (text, lines[0])
+    assert "fix `model_type`" not in lines[0]
 
 
 def test_the_build_size_limit_is_exact_and_can_be_raised(tmp_path, capsys, cpu_bridge):
