@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from _shared import names, trainable
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
@@ -34,14 +35,6 @@ def reloaded(cpu_bridge):
         module.__dict__.update(namespace)
 
 
-def _trainable(chunks):
-    return {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
-
-
-def _names(chunks):
-    return {n for c in chunks for n, _ in c.named_parameters()}
-
-
 def test_reloaded_glm45v_provider_freezes_the_whole_vision_encoder(reloaded):
     old = importlib.import_module("megatron.bridge.models.glm_vl.glm_45v_provider").GLM45VModelProvider
     module = reloaded("megatron.bridge.models.glm_vl.glm_45v_provider")
@@ -52,11 +45,11 @@ def test_reloaded_glm45v_provider_freezes_the_whole_vision_encoder(reloaded):
     assert type(provider) is new
     provider.freeze_vision_model = True
     chunks = build_tiny_chunks("glm45v", provider=provider)
-    names = _names(chunks)
-    expected = {n for n in names if not n.startswith("visual.") or n.startswith("visual.merger.")}
-    assert _trainable(chunks) == expected
+    everything = names(chunks)
+    expected = {n for n in everything if not n.startswith("visual.") or n.startswith("visual.merger.")}
+    assert trainable(chunks) == expected
     # the tensors Bridge's own freeze leaves out are among the frozen ones
-    assert {n for n in names if n.startswith(("visual.embeddings.", "visual.post_layernorm."))} - expected
+    assert {n for n in everything if n.startswith(("visual.embeddings.", "visual.post_layernorm."))} - expected
 
 
 def test_reloaded_qwen3_vl_moe_provider_defaults_to_train_everything(reloaded):
@@ -65,7 +58,7 @@ def test_reloaded_qwen3_vl_moe_provider_defaults_to_train_everything(reloaded):
     assert type(provider) is module.Qwen3VLMoEModelProvider
     assert (provider.freeze_language_model, provider.freeze_vision_model) == (False, False)
     chunks = build_tiny_chunks("qwen3_vl_moe", provider=provider)
-    assert _trainable(chunks) == _names(chunks)
+    assert trainable(chunks) == names(chunks)
     overridden = {o.flag for o in bfp.last_report(provider).overridden_defaults}
     assert overridden == {"freeze_language_model", "freeze_vision_model"}  # the class body's True, named
 

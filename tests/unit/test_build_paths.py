@@ -11,6 +11,7 @@ layer of the language model. Expected sets are computed from parameter names her
 from __future__ import annotations
 
 import pytest
+from _shared import names, trainable
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_context, make_provider
@@ -59,14 +60,6 @@ def _build(path, name, selection, hooks):
     return provider, chunks
 
 
-def _names(chunks):
-    return {n for c in chunks for n, _ in c.named_parameters()}
-
-
-def _trainable(chunks):
-    return {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
-
-
 PATHS = ["provide_distributed_model", "get_model"]
 PROJECTION = ("vision_model.merger.", "vision_model.decoder.deepstack_merger_list.")
 
@@ -87,10 +80,10 @@ def test_get_model_is_routed_through_the_plugin(cpu_bridge):
 def test_lora_with_a_full_rank_projection_on_every_path(cpu_bridge, path):
     selection = bfp.FreezeSelection(True, True, False)
     provider, chunks = _build(path, "qwen3_vl", selection, [_lora(["language_model.*linear_qkv"])])
-    names = _names(chunks)
-    adapters = {n for n in names if ".adapter." in n}
+    everything = names(chunks)
+    adapters = {n for n in everything if ".adapter." in n}
     assert adapters and all(n.startswith("language_model.") for n in adapters)
-    assert _trainable(chunks) == adapters | {n for n in names if n.startswith(PROJECTION)}
+    assert trainable(chunks) == adapters | {n for n in everything if n.startswith(PROJECTION)}
     report = bfp.last_report(provider)
     projection = report.part(bfp.Part.VISION_PROJECTION)
     assert projection.trainable == projection.total > 0
@@ -102,9 +95,9 @@ def test_lora_with_a_full_rank_projection_on_every_path(cpu_bridge, path):
 def test_get_model_without_hooks_still_freezes_and_reports_model_wide(cpu_bridge, path):
     selection = bfp.FreezeSelection(freeze_vision_model=True)
     provider, chunks = _build(path, "qwen3_vl", selection, [])
-    names = _names(chunks)
-    expected = {n for n in names if not n.startswith("vision_model.") or n.startswith(PROJECTION)}
-    assert _trainable(chunks) == expected
+    everything = names(chunks)
+    expected = {n for n in everything if not n.startswith("vision_model.") or n.startswith(PROJECTION)}
+    assert trainable(chunks) == expected
     assert bfp.last_report(provider).trainable == sum(
         p.numel() for c in chunks for n, p in c.named_parameters() if n in expected)
 
@@ -113,11 +106,11 @@ def test_get_model_without_hooks_still_freezes_and_reports_model_wide(cpu_bridge
 def test_a_router_freezing_hook_narrows_the_language_model_and_is_reported(cpu_bridge, path):
     selection = bfp.FreezeSelection(freeze_vision_model=True)
     provider, chunks = _build(path, "qwen3_vl_moe", selection, [freeze_moe_router])
-    names = _names(chunks)
-    routers = {n for n in names if n.startswith("language_model.") and n.endswith("mlp.router.weight")}
+    everything = names(chunks)
+    routers = {n for n in everything if n.startswith("language_model.") and n.endswith("mlp.router.weight")}
     assert len(routers) == 2
-    expected = {n for n in names if not n.startswith("vision_model.") or n.startswith(PROJECTION)} - routers
-    assert _trainable(chunks) == expected
+    expected = {n for n in everything if not n.startswith("vision_model.") or n.startswith(PROJECTION)} - routers
+    assert trainable(chunks) == expected
     report = bfp.last_report(provider)
     lm = report.part(bfp.Part.LANGUAGE_MODEL)
     router_size = sum(p.numel() for c in chunks for n, p in c.named_parameters() if n in routers)
@@ -132,12 +125,12 @@ def test_a_router_hook_before_lora_keeps_the_routers_frozen(cpu_bridge, path):
     selection = bfp.FreezeSelection(freeze_vision_model=True)
     _, chunks = _build(path, "qwen3_vl_moe", selection,
                               [freeze_moe_router, _lora(["vision_model.*linear_qkv"])])
-    names = _names(chunks)
-    routers = {n for n in names if n.endswith("mlp.router.weight") and n.startswith("language_model.")}
-    adapters = {n for n in names if ".adapter." in n}
+    everything = names(chunks)
+    routers = {n for n in everything if n.endswith("mlp.router.weight") and n.startswith("language_model.")}
+    adapters = {n for n in everything if ".adapter." in n}
     assert adapters and all(n.startswith("vision_model.decoder.layers.") for n in adapters)
-    full_rank = {n for n in names - adapters if n.startswith("language_model.") or n.startswith(PROJECTION)}
-    assert _trainable(chunks) == (full_rank - routers) | adapters
+    full_rank = {n for n in everything - adapters if n.startswith("language_model.") or n.startswith(PROJECTION)}
+    assert trainable(chunks) == (full_rank - routers) | adapters
 
 
 @pytest.mark.parametrize("path", PATHS)
