@@ -36,11 +36,18 @@ def normalise_strategy(value: Any) -> str | None:
     return None if value is None else str(value).strip().lower()
 
 
-def flag_list(selection: FreezeSelection, where: str) -> str:
-    """The flags set and the patterns given, as written in the config."""
-    asked = [f"{where}.{flag}=true" for flag in selection.set_flags()]
-    asked += [f"{where}.{key}=[{', '.join(values)}]" for key, values in selection.patterns_dict().items() if values]
+def flag_list(selection: FreezeSelection, where: str | Callable[[str], str]) -> str:
+    """The flags set and the patterns given, as written in the config (``where``: their section, or a function
+    from a flag or pattern key to its dotted key)."""
+    key = where if callable(where) else (lambda name: f"{where}.{name}")
+    asked = [f"{key(flag)}=true" for flag in selection.set_flags()]
+    asked += [f"{key(name)}=[{', '.join(values)}]" for name, values in selection.patterns_dict().items() if values]
     return ", ".join(asked)
+
+
+def asked(s: RunSettings) -> str:
+    """The policy's flags set and patterns given, each at its own key."""
+    return flag_list(s.selection, s.key_of)
 
 
 def reference_model_never_trains(s: RunSettings) -> list[str]:
@@ -63,17 +70,19 @@ def strategy_must_be_megatron(s: RunSettings) -> list[str]:
     """Only Megatron applies the flags; any other strategy would silently ignore them."""
     if not s.selection.any_set:
         return []
-    flags, key, strategy = flag_list(s.selection, s.flags_key), s.strategy.key, s.strategy.value
+    flags, key, strategy = asked(s), s.strategy.key, s.strategy.value
+    fix = s.strategy_fix or f"{key}=megatron"
     if strategy is None:
+        unset = s.strategy_unset or f"{key} is not set"
         return [
-            f"{flags} requires strategy=megatron, but {key} is not set: the freeze flags are applied by the "
-            f"Megatron-Bridge model provider. Set {key}=megatron, or unset the flag(s)."
+            f"{flags} requires strategy=megatron, but {unset}: the freeze flags are applied by the "
+            f"Megatron-Bridge model provider. Set {fix}, or unset the flag(s)."
         ]
     if normalise_strategy(strategy) != MEGATRON:
+        why = s.strategy_note or f"{strategy} would silently ignore them"
         return [
             f"{flags} requires strategy=megatron, but {s.strategy.written}: the freeze flags are applied by the "
-            f"Megatron-Bridge model provider, and {strategy} would silently ignore them. Set {key}=megatron, or "
-            "unset the flag(s)."
+            f"Megatron-Bridge model provider, and {why}. Set {fix}, or unset the flag(s)."
         ]
     return []
 
@@ -84,7 +93,7 @@ def language_model_only_has_no_vision_part(s: RunSettings) -> list[str]:
     if not (s.selection.any_set and lmo.value):
         return []
     return [
-        f"{flag_list(s.selection, s.flags_key)} cannot be combined with {lmo.written}: a language-model-only "
+        f"{asked(s)} cannot be combined with {lmo.written}: a language-model-only "
         f"run has no vision encoder or projection to choose from. Unset the flag(s), or set {lmo.key}=false."
     ]
 
@@ -93,25 +102,28 @@ def all_three_frozen_needs_lora(s: RunSettings) -> list[str]:
     """All three parts frozen and no adapters: nothing would train."""
     if not (s.selection.all_set and not s.lora.enabled) or s.selection.train_patterns:
         return []  # (train patterns make parts of the frozen model train)
+    enable = s.lora_enable or f"{s.lora_rank.key} > 0"
     return [
-        f"{flag_list(s.selection, s.flags_key)}: all three parts are frozen and LoRA is off "
+        f"{asked(s)}: all three parts are frozen and LoRA is off "
         f"({s.lora_rank.key}={s.lora.rank}), so nothing would train. Unset at least one flag, or enable LoRA "
-        f"({s.lora_rank.key} > 0) to train adapters on the frozen model."
+        f"({enable}) to train adapters on the frozen model."
     ]
 
 
 def lora_with_partial_selection(s: RunSettings) -> list[str]:
     """LoRA with one or two flags trains adapters next to full-rank parts: for SFT; an RL run refuses it."""
-    if not (s.lora.enabled and s.selection.any_set and not s.selection.all_set) or s.layout != "rl":
+    if not (s.lora.enabled and s.selection.any_set and not s.selection.all_set) or not s.syncs_weights:
         return []
     key = s.lora_rank.key
+    why = s.weight_sync_note or (
+        "the full-rank parts would need syncing too, which the trainer does not do, so generation would run on "
+        "stale weights")
     return [
-        f"{flag_list(s.selection, s.flags_key)} with LoRA ({key}={s.lora.rank}) in an RL run: LoRA with full-rank "
+        f"{asked(s)} with LoRA ({key}={s.lora.rank}) in an RL run: LoRA with full-rank "
         f"parts ({s.selection.describe().removeprefix('train ')} at full rank next to the adapters) is supported for "
         f"SFT only. The rollout engine's weight sync moves the adapters (or the merged weights) to the inference "
-        f"engine; the full-rank parts would need syncing too, which the trainer does not do, so generation would "
-        f"run on stale weights. Use LoRA with all three flags true (adapters only), plain LoRA (no flag), or "
-        f"{key}=0 to train the selected parts at full rank."
+        f"engine; {why}. Use LoRA with all three flags true (adapters only), plain LoRA (no flag), or "
+        f"LoRA off to train the selected parts at full rank."
     ]
 
 
@@ -158,7 +170,7 @@ def supported_provider(s: RunSettings) -> FamilySpec | None:
            else "a config's _target_ is imported only from Megatron-Bridge's own modules, never other code, so a "
                 "covered base class cannot be looked for")
     raise UnsupportedFreezeFlagError(
-        f"{flag_list(s.selection, s.flags_key)} was set on the provider {target.written}, but no bridge-freeze "
+        f"{asked(s)} was set on the provider {target.written}, but no bridge-freeze "
         f"family covers this class ({why}), so the flag cannot be honoured. Supported families: {supported}. "
         "Unset the flag, name the family if the class extends a covered provider (--family NAME, family=... in "
         "code), or register the model's family with bridge_freeze_plugin.register_family(...)."
@@ -183,7 +195,7 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
             "recompute needs adjusting (on some families it gives wrong gradients: %s) is decided when the "
             "provider is built. To see it now, name the family (family=... in code, --family with "
             "bridge-freeze check-config).",
-            " and ".join(f"{k}=full" for k in full_keys), flag_list(s.selection, s.flags_key), affected,
+            " and ".join(f"{k}=full" for k in full_keys), asked(s), affected,
         )
     return note
 
@@ -256,7 +268,7 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
         return []
     return [
         f"{s.lora_rank.key.removesuffix('rank')}target_modules {', '.join(found)}: LoRA would put adapters on "
-        f"modules of a part that {flag_list(s.selection, s.flags_key) or 'the selection'} trains at full rank (the "
+        f"modules of a part that {asked(s) or 'the selection'} trains at full rank (the "
         f"target reaches that part, as Bridge matches targets: the module's full name, '*' for any text), and a "
         f"weight cannot train through an adapter and at full rank at once; the build would refuse it "
         f"(LoraOverlapError). Scope those targets to the frozen parts, or set the flag of that part."

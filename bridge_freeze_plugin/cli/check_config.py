@@ -49,10 +49,9 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     """(key, value, source) of every setting the rules read: the flags, the patterns, the per-part learning
     rates (those set), then the other settings."""
     s, loaded = checked.settings, checked.loaded
-    rows = [(f"{s.flags_key}.{flag}", getattr(s.selection, flag), loaded.source(f"{s.flags_key}.{flag}"))
+    rows = [(s.key_of(flag), getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(s.key_of(flag)))
             for flag in FLAGS]
-    rows += [(f"{s.flags_key}.{key}", list(getattr(s.selection, key)), loaded.source(f"{s.flags_key}.{key}"))
-             for key in PATTERN_KEYS]
+    rows += [(s.key_of(key), list(getattr(s.selection, key)), loaded.source(s.key_of(key))) for key in PATTERN_KEYS]
     rates = s.learning_rates.as_dict() if s.learning_rates else {}
     rows += [(f"{s.learning_rates_key}.{key}", rates[key], loaded.source(f"{s.learning_rates_key}.{key}"))
              for key in LR_KEYS if key in rates]
@@ -63,6 +62,7 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
         key = f"{checked.layout.lora}.target_modules"
         targets = s.lora.target_modules
         rows.append((key, list(targets) if isinstance(targets, tuple) else targets, loaded.source(key)))
+    rows += [(own.key, own.value, own.source) for own in s.own_freeze]
     return rows
 
 
@@ -109,7 +109,43 @@ def _doc(args: argparse.Namespace, checked: Any, file: str | None, overrides: li
         "patterns": s.selection.patterns_dict(),
         "learning_rates": {p.part: {"lr": p.lr, "min_lr": p.min_lr}
                            for p in (s.learning_rates.parts if s.learning_rates else ())},
+        "own_freeze": [_own_doc(own) for own in s.own_freeze],
+        "unread_freeze_keys": list(s.unread_freeze_keys),
     }
+
+
+def _own_doc(own: Any) -> dict[str, Any]:
+    return {"key": own.key, "value": own.value, "freezes": own.setting.what, "applied_by": own.setting.by,
+            "narrows": None if own.setting.narrows is None else own.setting.narrows.value,
+            "outside_parts": own.setting.outside}
+
+
+def _own_lines(s: Any, trained: list[str]) -> list[str]:
+    """One line per own ``freeze_*`` setting (Bridge's or the trainer's) that freezes something."""
+    lines = []
+    for own in s.own_freeze:
+        if own.value is False or own.value is None or own.setting.freezes_parts:
+            continue
+        setting = own.setting
+        if setting.narrows is not None:
+            where = setting.narrows.value
+            if where in trained:
+                lines.append(f"narrowed: {own.key}={_shown(own.value)} freezes {setting.what} inside the {where}, "
+                             f"which trains: applied by {setting.by}; the build accepts it next to the flags and "
+                             "reports it per part, with the hook")
+            else:
+                lines.append(f"{own.key}={_shown(own.value)} ({setting.what}): inside the {where}, which does not "
+                             "train at full rank here")
+        else:
+            lines.append(f"{setting.by.split(' (')[0]}'s own: {own.key}={_shown(own.value)} freezes {setting.what}; "
+                         f"applied by {setting.by}, not by the plugin")
+    if any(own.setting.outside and own.value not in (False, None) for own in s.own_freeze):
+        lines.append("(the plugin's audio / sound parts are a later issue: it neither selects nor reports them)")
+    return lines
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(_jsonable(value), default=str) if not isinstance(value, str) else value
 
 
 def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
@@ -117,7 +153,8 @@ def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
     return {
         "schema_version": 1, "config": file, "overrides": overrides, "layout": None, "layout_reason": None,
         "composed": [], "layout_defaults": [], "family": None, "settings": None, "patterns": None,
-        "learning_rates": None, "valid": False, "error": None, "error_type": None, "selection": None,
+        "learning_rates": None, "own_freeze": None, "unread_freeze_keys": None, "valid": False, "error": None,
+        "error_type": None, "selection": None,
         "trained_parts": None, "frozen_parts": None, "pattern_parts": None, "adjustments": None,
     }
 
@@ -210,7 +247,7 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
     s = checked.settings
     out(f"selection ({s.flags_key}): {flags_line(selection)}")
     if selection.patterns:
-        out(f"patterns ({s.flags_key}): " + " ".join(
+        out(f"patterns ({s.key_of(PATTERN_KEYS[0]).rpartition('.')[0]}): " + " ".join(
             f"{key}={json.dumps(values)}" for key, values in selection.patterns_dict().items() if values))
     if per_tensor:
         out(f"trains: {', '.join(trained) or 'no part whole'}; frozen: {', '.join(frozen) or 'no part whole'}; "
@@ -220,6 +257,10 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
         out(f"trains: {', '.join(trained) or 'nothing but LoRA adapters'}; frozen: {', '.join(frozen) or 'nothing'}")
     if s.lora.enabled:
         out(f"LoRA: rank {s.lora.rank}, its adapters train too")
+    for line in _own_lines(s, trained):
+        out(line)
+    for key in s.unread_freeze_keys:
+        out(f"not read: {key} (no setting of the {checked.layout.title} layout: a run of it ignores this key)")
     rates = s.learning_rates.describe() if s.learning_rates else "every part on the global schedule"
     out(f"learning rates ({s.learning_rates_key}): {rates}")
     for note in adjusted:

@@ -1,21 +1,24 @@
 """Config layouts as data: where each setting the rules read lives, and the defaults the rules depend on.
 
 One table per layout, like the families' tables: the trainer's SFT and RL configs (the open-source
-RL/SFT trainer this plugin's flags come from: its dataclass defaults, its older Hydra YAML layout) and
-Megatron-Bridge's own ``ConfigContainer`` (what Bridge writes as ``run_config.yaml`` in a checkpoint).
-A layout is recognised from the file (:func:`detect`), weighing all its evidence: a key only one layout
-has (``megatron_config`` / ``strategy`` at the top: SFT; ``trainer``: RL; ``model._target_``: Bridge)
-decides; a section several layouts may hold (``optimizer``, ``checkpoint``, ``model.freeze_*``...) is a
-hint, said when it conflicts; two deciding layouts are an error. ``--layout`` forces one.
+RL/SFT trainer this plugin's flags come from: its dataclass defaults, its older Hydra YAML layout),
+Megatron-Bridge's own ``ConfigContainer`` (what Bridge writes as ``run_config.yaml`` in a checkpoint) and
+NeMo-RL's GRPO / SFT configs. A layout is recognised from the file (:func:`detect`), weighing all its
+evidence: keys only one layout has (its :attr:`Layout.decides` markers) decide; keys several layouts may hold
+(:attr:`Layout.hints`) are hints, said when they conflict; two deciding layouts are an error. ``--layout``
+forces one. What a rule needs to know about a layout is a field here (``syncs_weights``, the strategy
+switches...), never a test of its name: a new layout is a new table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import fnmatch
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import ConfigLoadError
+from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, Part
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,62 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class OwnSetting:
+    """A ``freeze_*`` setting that is not one of the plugin's flags: Bridge's or a trainer's own, applied by them.
+
+    Read and said (never refused, never applied by the plugin).
+    """
+
+    #: what it freezes
+    what: str
+    #: who applies it, and how
+    by: str
+    #: the part inside which it freezes some tensors through a pre-wrap hook (the build reports it per part)
+    narrows: Part | None = None
+    #: it freezes modules outside the plugin's three parts (audio, sound, MTP...)
+    outside: bool = False
+    #: it is a pre-wrap hook that freezes whole parts named like the plugin's flags (NeMo-RL's freeze_config)
+    freezes_parts: bool = False
+
+
+@dataclass(frozen=True)
+class Marker:
+    """Keys that, all present, point at a layout. A last segment ending in ``*`` matches any key it starts."""
+
+    keys: tuple[str, ...]
+
+    def found(self, top: Mapping[str, Any]) -> list[str] | None:
+        """The keys as found in ``top`` (a config's top-level mapping), or ``None`` when one is missing."""
+        out: list[str] = []
+        for key in self.keys:
+            hits = _present(top, key)
+            if not hits:
+                return None
+            out += hits
+        return out
+
+
+def _present(top: Mapping[str, Any], key: str) -> list[str]:
+    node: Any = top
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping):
+            return []
+    last = parts[-1]
+    if last.endswith("*"):
+        prefix = ".".join(parts[:-1])
+        return sorted(f"{prefix}.{k}" if prefix else str(k) for k in node if str(k).startswith(last[:-1]))
+    return [key] if last in node else []
+
+
+@dataclass(frozen=True)
 class Layout:
     name: str
     title: str
-    #: the section holding the three flags (and the recompute setting, and other model settings)
+    #: who runs configs of this layout (messages: "the trainer", "Megatron-Bridge", "NeMo-RL")
+    trainer: str
+    #: the section holding the flags and patterns (and other model settings)
     flags: str
     #: dotted keys of the settings the rules read; ``None`` where the layout has no such setting
     strategy: str | None
@@ -43,43 +98,174 @@ class Layout:
     #: key holding the provider's class path (Bridge's ``_target_``), the family's source there
     provider_target: str | None
     recompute: tuple[str, ...]
+    #: a plugin key (flag or pattern key) -> the section it goes in, when not :attr:`flags`
+    flag_homes: Mapping[str, str] = field(default_factory=dict)
+    #: a section the plugin's keys may go in -> why a plugin key homed elsewhere is not applied there
+    section_notes: Mapping[str, str] = field(default_factory=dict)
+    #: ((key, strategy), ...): the strategy is the one whose key is true (NeMo-RL's ``enabled`` switches)
+    strategy_switches: tuple[tuple[str, str], ...] = ()
+    #: what to write for the Megatron strategy (default: ``<strategy key>=megatron``)
+    strategy_fix: str | None = None
+    #: a strategy -> why the flags cannot apply under it (said in the refusal)
+    strategy_notes: Mapping[str, str] = field(default_factory=dict)
+    #: the key of the LoRA section that turns it on (NeMo-RL's ``peft.enabled``); ``None``: present is on
+    lora_switch: str | None = None
+    #: ``_target_`` values of the LoRA section that are Bridge's ``VLMLoRA`` (its own freeze switches)
+    vlm_lora_targets: tuple[str, ...] = ()
+    #: a recompute key -> the switch that must be true for it to apply (NeMo-RL's ``activation_checkpointing``)
+    recompute_switches: Mapping[str, str] = field(default_factory=dict)
+    #: the model path may be a hub id: map its name to a family, said to be a guess
+    family_from_name: bool = False
+    #: a flag the config does not write keeps the model provider's own default (NeMo-RL passes only what is
+    #: written); otherwise it is false (the trainer writes all three)
+    unwritten_flags_keep_provider_default: bool = False
     reference_flags: str | None = None
+    #: ((section, what), ...): components that never train; a plugin key anywhere below them is refused
+    reference_sections: tuple[tuple[str, str], ...] = ()
     peers: tuple[Peer, ...] = ()
-    #: ``freeze_*`` keys of the flags' section that are real settings of this layout (not ours)
-    other_freeze_keys: frozenset[str] = frozenset()
+    #: section (fnmatch pattern over the dotted path) -> its ``freeze_*`` settings that are not the plugin's (one
+    #: :class:`OwnSetting` alone: every ``freeze_*`` key of the section is one)
+    own: Mapping[str, Mapping[str, OwnSetting] | OwnSetting] = field(default_factory=dict)
+    #: section -> ``freeze_*`` names that are no setting there, with why and what to write instead
+    refused: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: the value a key takes when the config does not write it (the trainer's own defaults)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     #: the rank a present LoRA section has when it writes none (Bridge's ``LoRA.dim``)
     lora_default_rank: int = 0
     #: what a strategy means when the layout has no strategy key
     fixed_strategy: str | None = None
-    #: top-level sections that mark this layout (hints: other layouts' files may have them too)
-    markers: tuple[str, ...] = ()
+    #: keys that decide this layout (no other layout has them), and hints (other layouts' files may have them)
+    decides: tuple[Marker, ...] = ()
+    hints: tuple[Marker, ...] = ()
     #: the section holding the per-part learning rates (``lr_<part>``...); ``None``: the flags' section
     learning_rates: str | None = None
     #: ``_target_`` values the learning-rate section must name to be applied (empty: no ``_target_`` needed)
     learning_rates_targets: tuple[str, ...] = ()
+    #: why no per-part learning rate can apply in this layout's runs (``None``: they can)
+    learning_rates_refused: str | None = None
+    #: the run syncs the policy's weights to an inference engine (RL rollouts): always, or when one of
+    #: ``syncs_weights_with`` (top-level sections) is present
+    syncs_weights: bool = False
+    syncs_weights_with: tuple[str, ...] = ()
+    #: why LoRA with full-rank parts is refused for this trainer's weight sync (``None``: the rule's own words)
+    weight_sync_note: str | None = None
+    #: the trainer resolves every interpolation of the config at start (one that fails stops the run)
+    resolves_whole_config: bool = False
+    #: OmegaConf resolvers the trainer registers (name -> function), used while reading
+    resolvers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    #: ``key=value`` must name a key the config has (Hydra's struct mode: ``+key=value`` adds)
+    strict_overrides: bool = False
 
     def key(self, setting: str) -> str:
-        return f"{self.flags}.{setting}"
+        """The dotted key of a plugin key (a flag or a pattern key) in this layout."""
+        return f"{self.home(setting)}.{setting}"
+
+    def home(self, setting: str) -> str:
+        """The section a plugin key (a flag or a pattern key) goes in."""
+        return self.flag_homes.get(setting, self.flags)
+
+    @property
+    def plugin_homes(self) -> tuple[str, ...]:
+        """Every section this layout reads plugin keys (flags, patterns) from, the flags' section first."""
+        return tuple(dict.fromkeys([self.flags, *self.flag_homes.values()]))
 
     @property
     def lr_section(self) -> str:
         """Where this layout's runs read per-part learning rates from."""
         return self.learning_rates or self.flags
 
+    @property
+    def other_freeze_keys(self) -> frozenset[str] | None:
+        """The ``freeze_*`` settings of the flags' section that are not the plugin's (``None``: any key)."""
+        return self.own_keys(self.flags)
 
-#: Other ``freeze_*`` settings of the trainer's ``megatron_config`` (not the plugin's flags).
-_TRAINER_FREEZE_KEYS = frozenset({"freeze_moe_router"})
-#: Other ``freeze_*`` fields of Bridge model providers (audio, sound, MTP, omni modalities).
-_BRIDGE_FREEZE_KEYS = frozenset({
-    "freeze_audio_model", "freeze_audio_projection", "freeze_mtp_model", "freeze_sound_model",
-    "freeze_sound_projection", "freeze_sound_encoder", "freeze_modality_encoders", "freeze_modality_projections",
-})
+    def own_keys(self, section: str) -> frozenset[str] | None:
+        """The ``freeze_*`` settings of ``section`` that are not the plugin's; ``None`` when every key there is."""
+        keys: set[str] = set()
+        for pattern, settings in self.own.items():
+            if fnmatch.fnmatchcase(section, pattern):
+                if isinstance(settings, OwnSetting):
+                    return None
+                keys.update(settings)
+        return frozenset(keys)
+
+    def own_setting(self, section: str, key: str) -> OwnSetting | None:
+        """The setting ``section.key`` is when it is a ``freeze_*`` setting that is not the plugin's."""
+        for pattern, settings in self.own.items():
+            if fnmatch.fnmatchcase(section, pattern):
+                found = settings if isinstance(settings, OwnSetting) else settings.get(key)
+                if found is not None:
+                    return found
+        return None
+
+    def refused_here(self, section: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for pattern, keys in self.refused.items():
+            if fnmatch.fnmatchcase(section, pattern):
+                out.update(keys)
+        return out
+
+    def reference_of(self, section: str) -> str | None:
+        """What never-training component ``section`` belongs to (``None``: none)."""
+        for prefix, what in self.reference_sections:
+            if section == prefix or section.startswith(prefix + "."):
+                return what
+        return None
+
+    def strategy_key_fix(self, key: str | None) -> str:
+        """What to write to choose the Megatron strategy."""
+        return self.strategy_fix or f"{key}=megatron"
+
+
+# ---- what Bridge and the trainers freeze themselves (read and said, never applied by the plugin) ----------------
+
+#: The trainers' MoE router freeze: a pre-wrap hook that freezes ``mlp.router.weight`` of every MoE layer of the
+#: language model (the build accepts it next to the flags and reports it per part, with the hook).
+_ROUTER = "the MoE routers (a pre-wrap hook freezes mlp.router.weight of every MoE layer of the language model)"
+
+
+def _router(by: str) -> OwnSetting:
+    return OwnSetting(_ROUTER, by, narrows=Part.LANGUAGE_MODEL)
+
+
+#: Bridge 0.6.2's own ``freeze_*`` provider fields beyond the three flags (read from its provider classes): Bridge
+#: applies them when it builds the model. They freeze modules outside the plugin's three parts (its audio /
+#: sound parts are a later issue).
+BRIDGE_FIELDS: Mapping[str, OwnSetting] = {
+    "freeze_audio_model": OwnSetting(
+        "the audio encoder (Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni, Qwen3-ASR providers)", "Bridge", outside=True),
+    "freeze_audio_projection": OwnSetting("the audio projection (Qwen2-Audio provider)", "Bridge", outside=True),
+    "freeze_sound_encoder": OwnSetting("the sound encoder (Nemotron Omni provider)", "Bridge", outside=True),
+    "freeze_sound_projection": OwnSetting("the sound projection (Nemotron Omni provider)", "Bridge", outside=True),
+    "freeze_mtp_model": OwnSetting("the multi-token-prediction layers (EXAONE 4.5 provider)", "Bridge", outside=True),
+    "freeze_modality_encoders": OwnSetting("the modality encoders (MIMO provider)", "Bridge", outside=True),
+    "freeze_modality_projections": OwnSetting("the modality projections (MIMO provider)", "Bridge", outside=True),
+}
+
+#: Names that look like Bridge fields but are none (a run would drop them: Bridge skips an override key its
+#: provider does not have, with a warning), with what to write instead.
+_NOT_BRIDGE_FIELDS: Mapping[str, str] = {
+    "freeze_sound_model": (
+        "is no field of Bridge's providers (freeze_sound_model is an argument of the Nemotron Omni model's freeze(); "
+        "its provider field is freeze_sound_encoder), so Bridge would skip it. Write {section}.freeze_sound_encoder"),
+    "freeze_moe_router": (
+        "is no field of Bridge's providers, so Bridge would skip it: Bridge freezes MoE routers with the function "
+        "megatron.bridge.training.utils.train_utils.freeze_moe_router, registered as a pre-wrap hook "
+        "(provider.register_pre_wrap_hook(freeze_moe_router)); the build accepts that hook next to the flags"),
+}
+
+def _bridge_field_elsewhere(trainer: str) -> dict[str, str]:
+    """Bridge's own provider fields written in a trainer's section: refused with what they are (never "a
+    misspelling of freeze_vision_model", whose advice would freeze the wrong part)."""
+    return {key: (f"is Bridge's own provider field ({setting.what}), not a setting the plugin knows {trainer} to "
+                  "pass from {section} to the model provider, so the run may ignore it. It is set on the provider "
+                  f"in a Megatron-Bridge config (model.{key})") for key, setting in BRIDGE_FIELDS.items()}
+
 
 SFT = Layout(
     name="sft",
     title="SFT",
+    trainer="the trainer",
     flags="megatron_config",
     strategy="strategy",
     language_model_only="model.language_model_only",
@@ -91,18 +277,21 @@ SFT = Layout(
         "megatron_config.recompute_granularity",
         "megatron_config.transformer_config_kwargs.recompute_granularity",
     ),
-    other_freeze_keys=_TRAINER_FREEZE_KEYS,
+    own={"megatron_config": {"freeze_moe_router": _router("the trainer")}},
+    refused={"megatron_config": _bridge_field_elsewhere("the trainer")},
     defaults={
         "strategy": "megatron",
         "model.lora.rank": 0,
         "megatron_config.transformer_config_kwargs.recompute_granularity": "full",
     },
-    markers=("strategy", "megatron_config"),
+    decides=(Marker(("strategy",)), Marker(("megatron_config",))),
+    hints=(Marker(("model.path",)), Marker(("model.lora",)), Marker(("model.language_model_only",))),
 )
 
 RL = Layout(
     name="rl",
     title="RL",
+    trainer="the trainer",
     flags="trainer.policy.megatron_config",
     strategy="trainer.strategy",
     language_model_only="trainer.policy.language_model_only",
@@ -120,7 +309,9 @@ RL = Layout(
              used_when=("trainer.algorithm.use_kl_loss", "trainer.algorithm.use_kl_in_reward")),
         Peer("generator.inference_engine.language_model_only", "the inference engine"),
     ),
-    other_freeze_keys=_TRAINER_FREEZE_KEYS,
+    own={"trainer.policy.megatron_config": {"freeze_moe_router": _router("the trainer")},
+         "trainer.ref.megatron_config": {"freeze_moe_router": _router("the trainer")}},
+    refused={"trainer.policy.megatron_config": _bridge_field_elsewhere("the trainer")},
     defaults={
         "trainer.strategy": "fsdp",
         "trainer.policy.language_model_only": False,
@@ -131,12 +322,18 @@ RL = Layout(
         "trainer.algorithm.use_kl_in_reward": False,
         "generator.inference_engine.language_model_only": False,
     },
-    markers=("trainer",),
+    decides=(Marker(("trainer",)),),
+    hints=(Marker(("generator",)),),
+    syncs_weights=True,
 )
+
+#: Bridge's LoRA class with its own three freeze switches (``peft.freeze_*``).
+VLM_LORA = "megatron.bridge.peft.lora.VLMLoRA"
 
 BRIDGE = Layout(
     name="bridge",
     title="Megatron-Bridge ConfigContainer",
+    trainer="Megatron-Bridge",
     flags="model",
     strategy=None,
     fixed_strategy="megatron",
@@ -144,12 +341,15 @@ BRIDGE = Layout(
     lora="peft",
     lora_rank="dim",
     lora_default_rank=32,
+    vlm_lora_targets=(VLM_LORA,),
     model_path=None,
     provider_target="model._target_",
     recompute=("model.recompute_granularity",),
-    other_freeze_keys=_BRIDGE_FREEZE_KEYS,
-    markers=("peft", "ddp", "checkpoint", "scheduler", "rerun_state_machine", "optimizer",
-             "optimizer_config_override_provider"),
+    own={"model": BRIDGE_FIELDS},
+    refused={"model": _NOT_BRIDGE_FIELDS},
+    decides=(Marker(("model._target_",)),),
+    hints=tuple(Marker((key,)) for key in ("peft", "ddp", "checkpoint", "scheduler", "rerun_state_machine",
+                                           "optimizer", "optimizer_config_override_provider", "model.freeze_*")),
     # Bridge applies per-part learning rates through the optimizer override provider, never from the provider
     # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
     learning_rates="optimizer_config_override_provider",
@@ -157,7 +357,101 @@ BRIDGE = Layout(
                             "bridge_freeze_plugin.optim.PartLROverrideProvider"),
 )
 
-LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (SFT, RL, BRIDGE)}
+
+# ---- NeMo-RL (read from NVIDIA-NeMo/RL: nemo_rl/models/megatron/setup.py, nemo_rl/models/policy/__init__.py) -----
+
+_MEGATRON_CFG = "policy.megatron_cfg"
+_MODEL_OVERRIDES = "policy.megatron_cfg.model_overrides"
+#: The provider fields NeMo-RL copies from ``policy.megatron_cfg`` to the provider, when written
+#: (``iter_vlm_config_overrides``); every other provider field goes through ``model_overrides``.
+NEMO_RL_PROVIDER_KEYS = ("radio_force_cpe_eval_mode", "freeze_vision_model", "freeze_vision_projection",
+                         "freeze_sound_encoder", "freeze_sound_projection")
+_NEMO_RL_FREEZE_CONFIG = OwnSetting(
+    "the part its name gives, whole", "NeMo-RL (policy.megatron_cfg.freeze_config: a pre-wrap hook passes it to the "
+    "model's freeze())", freezes_parts=True)
+_AUTOMODEL_FREEZE = OwnSetting("what NeMo Automodel's freeze_config names", "NeMo-RL's DTensor backend (Automodel)",
+                               outside=True)
+
+
+def _nemo_rl_own(megatron_cfg: str) -> dict[str, Mapping[str, OwnSetting] | OwnSetting]:
+    """The freeze settings NeMo-RL reads itself, below one model's ``megatron_cfg`` (the policy's, a teacher's)."""
+    passed = {key: OwnSetting(BRIDGE_FIELDS[key].what, "Bridge (NeMo-RL passes it from megatron_cfg to the provider)",
+                              outside=True) for key in ("freeze_sound_encoder", "freeze_sound_projection")}
+    return {
+        megatron_cfg: {"freeze_moe_router": _router("NeMo-RL"), **passed},
+        f"{megatron_cfg}.model_overrides": {k: v for k, v in BRIDGE_FIELDS.items() if k not in passed},
+        # any key: NeMo-RL passes freeze_config to the model's freeze() as keyword arguments
+        f"{megatron_cfg}.freeze_config": _NEMO_RL_FREEZE_CONFIG,
+    }
+
+
+def _nemo_rl_resolvers() -> dict[str, Callable[..., Any]]:
+    # NeMo-RL's register_omegaconf_resolvers (nemo_rl/utils/config.py), the same four.
+    return {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
+            "max": lambda a, b: max(a, b)}
+
+
+NEMO_RL = Layout(
+    name="nemo_rl",
+    title="NeMo-RL",
+    trainer="NeMo-RL",
+    flags=_MEGATRON_CFG,
+    # NeMo-RL copies only freeze_vision_model / freeze_vision_projection (and the sound and RADIO fields) from
+    # megatron_cfg to the provider; the LM flag and the patterns are provider fields it passes through
+    # model_overrides.
+    flag_homes={"freeze_language_model": _MODEL_OVERRIDES, "train_patterns": _MODEL_OVERRIDES,
+                "freeze_patterns": _MODEL_OVERRIDES},
+    section_notes={
+        _MEGATRON_CFG: "NeMo-RL copies from policy.megatron_cfg to the model provider only "
+                       f"{', '.join(NEMO_RL_PROVIDER_KEYS)}; any other provider field goes under model_overrides",
+        _MODEL_OVERRIDES: "NeMo-RL refuses a model_overrides key that duplicates a first-class policy.megatron_cfg "
+                          "setting (a ValueError when the policy is set up)",
+    },
+    strategy=None,
+    strategy_switches=(("policy.megatron_cfg.enabled", "megatron"), ("policy.dtensor_cfg.enabled", "dtensor")),
+    strategy_fix="policy.megatron_cfg.enabled=true and policy.dtensor_cfg.enabled=false",
+    strategy_notes={
+        "dtensor": "NeMo-RL's DTensor backend builds the policy with Hugging Face / NeMo Automodel, never from a "
+                   "Megatron-Bridge model provider, so the flags never reach it (its own freezing is "
+                   "policy.dtensor_cfg.automodel_kwargs.freeze_config)",
+        "megatron+dtensor": "NeMo-RL refuses a policy with both backends enabled",
+    },
+    language_model_only=None,
+    lora="policy.megatron_cfg.peft",
+    lora_rank="dim",
+    lora_switch="enabled",
+    model_path="policy.model_name",
+    family_from_name=True,
+    unwritten_flags_keep_provider_default=True,
+    provider_target=None,
+    recompute=("policy.megatron_cfg.recompute_granularity", f"{_MODEL_OVERRIDES}.recompute_granularity"),
+    recompute_switches={"policy.megatron_cfg.recompute_granularity": "policy.megatron_cfg.activation_checkpointing"},
+    reference_sections=(("teacher", "the distillation teacher"),
+                        ("on_policy_distillation", "the distillation teachers")),
+    own={**_nemo_rl_own(_MEGATRON_CFG), **_nemo_rl_own("teacher.megatron_cfg"),
+         "*dtensor_cfg.automodel_kwargs.freeze_config": _AUTOMODEL_FREEZE,
+         "on_policy_distillation*": OwnSetting("a teacher's setting", "NeMo-RL", outside=True)},
+    refused={_MODEL_OVERRIDES: {key: "duplicates the first-class setting policy.megatron_cfg.{key}, which NeMo-RL "
+                                     "refuses (a ValueError when the policy is set up). Write policy.megatron_cfg.{key}"
+                                for key in ("freeze_sound_encoder", "freeze_sound_projection", "freeze_moe_router")}},
+    decides=(Marker(("policy", "grpo")), Marker(("policy", "sft"))),
+    hints=(Marker(("policy",)),),
+    learning_rates_refused=(
+        "NeMo-RL builds the optimizer with Bridge's setup_optimizer and no optimizer_config_override_provider, so "
+        "no per-part learning rate is applied in a NeMo-RL run; remove it (every part trains on "
+        "policy.megatron_cfg.optimizer.lr)"),
+    syncs_weights_with=("grpo",),
+    weight_sync_note=(
+        "NeMo-RL's Megatron refit exports the whole merged model with Bridge's export_hf_weights at every sync, so "
+        "it may well send the full-rank parts too, but no run has yet shown its inference engine generating from "
+        "updated full-rank parts next to adapters (docs/rl-weight-sync.md: the rule is lifted per trainer once "
+        "one has)"),
+    resolves_whole_config=True,
+    resolvers=_nemo_rl_resolvers(),
+    strict_overrides=True,
+)
+
+LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (SFT, RL, BRIDGE, NEMO_RL)}
 
 
 def get(name: str) -> Layout:
@@ -187,28 +481,24 @@ class Evidence:
         return "; ".join([*self.decides, *(f"{hint} (a hint)" if self.decides else hint for hint in self.hints)])
 
 
-def evidence(top: Mapping[str, Any]) -> dict[str, Evidence]:
-    """Layout name -> what the top-level keys show of it (every layout with any evidence)."""
-    model = top.get("model")
-    model = model if isinstance(model, Mapping) else {}
-    found: dict[str, Evidence] = {}
+def _said(keys: list[str]) -> str:
+    return " + ".join(f"top-level {k}" if "." not in k else k for k in keys)
 
-    def add(layout: Layout, decides: list[str], hints: list[str]) -> None:
+
+def evidence(top: Mapping[str, Any]) -> dict[str, Evidence]:
+    """Layout name -> what the config's keys show of it (every layout with any evidence)."""
+    found: dict[str, Evidence] = {}
+    for layout in LAYOUTS.values():
+        decides = [_said(hit) for m in layout.decides if (hit := m.found(top)) is not None]
+        hints = [_said(hit) for m in layout.hints if (hit := m.found(top)) is not None]
         if decides or hints:
             found[layout.name] = Evidence(layout, tuple(decides), tuple(hints))
-
-    sft_top = [k for k in SFT.markers if k in top]
-    add(SFT, [f"top-level {', '.join(sft_top)}"] if sft_top else [],
-        [f"model.{', model.'.join(k for k in ('path', 'lora', 'language_model_only') if k in model)} (the "
-         "trainer's model section)"] if any(k in model for k in ("path", "lora", "language_model_only")) else [])
-    add(RL, ["a top-level trainer: section"] if "trainer" in top else [],
-        ["a top-level generator: section"] if "generator" in top else [])
-    bridge_top = [k for k in BRIDGE.markers if k in top]
-    freeze_keys = sorted(str(k) for k in model if str(k).startswith("freeze_"))
-    add(BRIDGE, ["model._target_ names a provider class"] if "_target_" in model else [],
-        ([f"top-level {', '.join(bridge_top)}"] if bridge_top else [])
-        + ([f"model.{', model.'.join(freeze_keys)} (provider fields)"] if freeze_keys else []))
     return found
+
+
+def _what_decides(layout: Layout) -> str:
+    keys = " or ".join(" + ".join(f"{k}:" for k in m.keys) for m in layout.decides)
+    return f"a {layout.title} config has {keys}" if keys else f"a {layout.title} config"
 
 
 def detect(top: Mapping[str, Any], what: str) -> tuple[Layout, str]:
@@ -223,9 +513,8 @@ def detect(top: Mapping[str, Any], what: str) -> tuple[Layout, str]:
     names = ", ".join(LAYOUTS)
     if not found:
         raise ConfigLoadError(
-            f"{what} matches no config layout (top-level keys: {', '.join(map(str, top)) or 'none'}): an SFT "
-            "config has strategy / megatron_config (and model.path), an RL config a trainer: section, a Bridge "
-            f"ConfigContainer model._target_ (and peft, optimizer...). Name it with --layout ({names})"
+            f"{what} matches no config layout (top-level keys: {', '.join(map(str, top)) or 'none'}): "
+            f"{'; '.join(_what_decides(layout) for layout in LAYOUTS.values())}. Name it with --layout ({names})"
         )
     best = max(e.strength for e in found.values())
     top_layouts = [e for e in found.values() if e.strength == best]
@@ -251,7 +540,11 @@ def plugin_sections() -> tuple[str, ...]:
     """Every section any layout reads the plugin's keys from (flags, patterns, learning rates, the reference's)."""
     out: list[str] = []
     for layout in LAYOUTS.values():
-        for key in (layout.flags, layout.lr_section, layout.reference_flags):
+        for key in (*layout.plugin_homes, layout.lr_section, layout.reference_flags):
             if key is not None and key not in out:
                 out.append(key)
     return tuple(out)
+
+
+#: The plugin's own keys in a flags' section (flags and pattern keys).
+PLUGIN_KEYS: tuple[str, ...] = (*FLAGS, *PATTERN_KEYS)

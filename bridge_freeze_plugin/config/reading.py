@@ -6,16 +6,17 @@ misspelt flag: errors at once); what the values mean together is for :mod:`bridg
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.config.layouts import Layout, plugin_sections
+from bridge_freeze_plugin.config.layouts import PLUGIN_KEYS, Layout, OwnSetting, plugin_sections
 from bridge_freeze_plugin.config.loading import brief
 from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,
@@ -83,6 +84,20 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class OwnFreeze:
+    """A ``freeze_*`` setting that is Bridge's or the trainer's own (not the plugin's), as the config writes it."""
+
+    key: str
+    value: Any
+    setting: OwnSetting
+    source: str = IN_CONFIG
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition(".")[2]
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """What the rules read from one run's config."""
 
@@ -108,6 +123,34 @@ class RunSettings:
     learning_rates: Any = None
     #: the section the learning rates were read from (next to the flags; Bridge: its optimizer override provider)
     learning_rates_key: str | None = None
+    #: plugin key (a flag or a pattern key) -> its dotted key, where it is not ``<flags_key>.<name>``
+    flag_keys: Mapping[str, str] = field(default_factory=dict)
+    #: ``freeze_*`` settings that are Bridge's or the trainer's own: read and said, applied by them
+    own_freeze: tuple[OwnFreeze, ...] = ()
+    #: ``freeze_*`` keys the layout reads nowhere (``key=value``): reported
+    unread_freeze_keys: tuple[str, ...] = ()
+    #: the run syncs the policy's weights to an inference engine (RL rollouts): LoRA with full-rank parts refused
+    syncs_weights: bool = False
+    #: why that refusal holds for this trainer (``None``: the rule's own words)
+    weight_sync_note: str | None = None
+    #: what to write to choose the Megatron strategy, and why the flags cannot apply under the strategy read
+    strategy_fix: str | None = None
+    strategy_note: str | None = None
+    #: why no strategy is read, in words (``None``: the strategy key is not set)
+    strategy_unset: str | None = None
+    #: how LoRA is turned on here (for messages); the LoRA class (its ``_target_``) when the config names one
+    lora_enable: str | None = None
+    lora_class: str | None = None
+    #: Bridge's ``VLMLoRA``: its own three switches (``peft.freeze_*``, flag name -> setting)
+    vlm_lora: Mapping[str, Setting] | None = None
+    #: flags the config does not write that keep the model provider's own default (flag -> where it comes from)
+    provider_defaults: Mapping[str, str] = field(default_factory=dict)
+    #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
+    trainer: str = "the trainer"
+
+    def key_of(self, name: str) -> str:
+        """The dotted key of a plugin key (a flag or a pattern key) in this run's config."""
+        return self.flag_keys.get(name, f"{self.flags_key}.{name}")
 
 
 def plain(node: Any, key: str) -> Any:
@@ -170,8 +213,15 @@ def section(cfg: Any, key: str) -> Mapping[str, Any]:
     return value
 
 
-def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None) -> tuple[str, bool] | None:
-    """(message, is-a-type-problem) for one key of a flags' section, or ``None`` when it is fine."""
+def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None,
+                  refused: Mapping[str, str] | None = None, any_own: bool = False) -> tuple[str, bool] | None:
+    """(message, is-a-type-problem) for one key of a flags' section, or ``None`` when it is fine.
+
+    ``known``: the section's ``freeze_*`` settings that are not the plugin's (``None``: not checked: only
+    misspellings of the flags are refused); they are checked before misspellings, so Bridge's
+    ``freeze_audio_model`` is never "a misspelling of freeze_vision_model". ``any_own``: every ``freeze_*`` key
+    of the section is such a setting. ``refused``: names that are no setting there, with why.
+    """
     if key in FLAGS:
         if isinstance(value, bool):
             return None
@@ -186,11 +236,15 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
         if isinstance(items, (list, tuple)) and all(isinstance(i, str) for i in items):
             return None
         return (f"{where}.{key} must be a list of patterns (strings), got {as_yaml(value)!r}", False)
+    if refused and key in refused:
+        return (f"{where}.{key} {refused[key].format(section=where, key=key)}", False)
+    if (any_own and key.startswith("freeze_")) or (known is not None and key in known):
+        return None  # Bridge's or the trainer's own setting (read and said, never the plugin's)
     close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
     if close:
         return (f"{where}.{key} is not a freeze flag; did you mean {where}.{close[0]}? "
                 f"(the flags are {', '.join(FLAGS)})", False)
-    if known is not None and key.startswith("freeze_") and key not in known:
+    if known is not None and key.startswith("freeze_"):
         guess = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=0.5)
         hint = f"did you mean {where}.{guess[0]}? " if guess else ""
         others = f"; other freeze settings here: {', '.join(sorted(known))}" if known else ""
@@ -209,16 +263,32 @@ def read_selection(
     rejected with the closest flag. With ``known`` (a layout's other ``freeze_*`` settings), any other
     ``freeze_*`` key is rejected too. Other keys are ignored. A missing flag means ``false``.
     """
+    values = _checked_section(section, where, known)
+    return _selection({where: values}, {key: where for key in PLUGIN_KEYS})
+
+
+def _checked_section(section: Mapping[str, Any] | None, where: str, known: frozenset[str] | None,
+                     refused: Mapping[str, str] | None = None, any_own: bool = False) -> Mapping[str, Any]:
+    """``section`` as plain Python, every key checked (:func:`_flag_problem`); raises for the first problems."""
     section = {} if section is None else plain(section, where)
     if not isinstance(section, Mapping):
         raise InvalidFreezeConfigError(f"{where} must be a mapping of settings, got {section!r}")
-    problems = [p for k, v in section.items() if (p := _flag_problem(where, str(k), v, known)) is not None]
+    problems = [p for k, v in section.items()
+                if (p := _flag_problem(where, str(k), v, known, refused, any_own)) is not None]
     if problems:
         type_only = all(is_type for _, is_type in problems)
         raise (FreezeFlagTypeError if type_only else InvalidFreezeConfigError)(join_problems([m for m, _ in problems]))
-    patterns = {k: [v] if isinstance(v, str) else list(v) for k, v in section.items() if k in PATTERN_KEYS}
+    return section
+
+
+def _selection(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str]) -> FreezeSelection:
+    """The selection from checked sections: each plugin key read from its home section (``homes``)."""
+    flags = {key: sections[homes[key]][key] for key in FLAGS if key in sections.get(homes[key], {})}
+    patterns = {key: [value] if isinstance(value, str) else list(value) for key in PATTERN_KEYS
+                if (value := sections.get(homes[key], {}).get(key)) is not None}
+    where = ", ".join(dict.fromkeys(homes[key] for key in PATTERN_KEYS if patterns.get(key))) or homes[FLAGS[0]]
     try:  # an invalid pattern fails here, naming the key, before any build
-        return FreezeSelection(**{str(k): v for k, v in section.items() if k in FLAGS}, **patterns)
+        return FreezeSelection(**flags, **patterns)
     except InvalidFreezeConfigError as exc:
         raise type(exc)(f"{where}: {exc}") from None
     except (OverflowError, RecursionError) as exc:
@@ -245,6 +315,16 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
     key = f"{layout.lora}.{layout.lora_rank}"
     present = select(cfg, layout.lora) is not None
     lora = section(cfg, layout.lora)
+    if layout.lora_switch is not None:  # NeMo-RL: peft.enabled turns it on; its dim is then required
+        switch = f"{layout.lora}.{layout.lora_switch}"
+        enabled = lora.get(layout.lora_switch)
+        if enabled is not None and not isinstance(enabled, bool):
+            malformed.append(f"{switch} must be a boolean (true or false), got {as_yaml(enabled)!r}")
+        if enabled is not True:
+            return LoraSettings(), Setting(0, key, f"{switch} is not true: LoRA off ({source(switch)})")
+        if lora.get(layout.lora_rank) is None:
+            malformed.append(f"{key} must be set when {switch}=true ({layout.trainer} refuses LoRA without it)")
+            return LoraSettings(), Setting(None, key, source(key))
     rank = lora.get(layout.lora_rank, layout.lora_default_rank if present else 0)
     rank = 0 if rank is None else rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -259,6 +339,54 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
     settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
                             target_modules=tuple(target) if isinstance(target, list) else target)
     return settings, Setting(rank, key, source(key))
+
+
+def _lora_enable(layout: Layout) -> str:
+    if layout.lora_switch is not None:
+        return f"{layout.lora}.{layout.lora_switch}=true with {layout.lora}.{layout.lora_rank} > 0"
+    return f"{layout.lora}.{layout.lora_rank} > 0"
+
+
+def _vlm_lora(cfg: Any, layout: Layout, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
+    """Bridge's ``VLMLoRA`` switches (``peft.freeze_*``, true when not written: its defaults), if that is the class."""
+    if not lora.enabled or select(cfg, f"{layout.lora}._target_") not in layout.vlm_lora_targets:
+        return None
+    values = section(cfg, layout.lora)
+    out = {}
+    for flag in FLAGS:
+        key = f"{layout.lora}.{flag}"
+        value = values.get(flag, True)
+        if not isinstance(value, bool):
+            raise FreezeFlagTypeError(f"{key} (VLMLoRA's own switch) must be a boolean (true or false), got "
+                                      f"{as_yaml(value)!r}")
+        out[flag] = Setting(value, key, source(key) if flag in values else "VLMLoRA's default")
+    return out
+
+
+def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | None]:
+    """The strategy setting and, when the flags cannot apply under it, why (from the layout's notes)."""
+    if layout.strategy_switches:  # NeMo-RL: the backend whose `enabled` switch is true
+        on = [(key, name) for key, name in layout.strategy_switches if select(cfg, key) is True]
+        value = "+".join(name for _, name in on) or None
+        key = on[0][0] if len(on) == 1 else layout.strategy_switches[0][0]
+        return Setting(value, key, source(key)), layout.strategy_notes.get(value) if value is not None else None
+    strategy = select(cfg, layout.strategy) if layout.strategy else layout.fixed_strategy
+    value = None if strategy is None else str(strategy)
+    where = source(layout.strategy) if layout.strategy else f"always, in the {layout.title} layout"
+    return Setting(value, layout.strategy, where), layout.strategy_notes.get(value) if value is not None else None
+
+
+def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
+    out = []
+    for key in layout.recompute:
+        value = select(cfg, key)
+        switch = layout.recompute_switches.get(key)
+        if switch is not None and value is not None and select(cfg, switch) is not True:
+            # the trainer applies it only when the switch is on (NeMo-RL: activation_checkpointing)
+            out.append(Setting(None, key, f"{as_yaml(value)} written, not applied: {switch} is not true"))
+            continue
+        out.append(Setting(value, key, source(key)))
+    return tuple(out)
 
 
 def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting], ...]:
@@ -283,13 +411,39 @@ def _plugin_key(key: str) -> str | None:
     return None
 
 
+def _homes_text(layout: Layout) -> str:
+    """Where the flags and patterns go, in words."""
+    if not layout.flag_homes:
+        return f"the flags and patterns go under {layout.flags}"
+    elsewhere: dict[str, list[str]] = {}
+    for key, home in layout.flag_homes.items():
+        elsewhere.setdefault(home, []).append(key)
+    rest = "; ".join(f"{', '.join(keys)} under {home}" for home, keys in elsewhere.items())
+    here = [key for key in PLUGIN_KEYS if key not in layout.flag_homes]
+    return f"{', '.join(here)} go under {layout.flags}; {rest}"
+
+
+def _own_here(cfg: Any, layout: Layout, where: str, key: str) -> bool:
+    """Whether ``where.key`` is Bridge's or the trainer's own ``freeze_*`` setting (never one of the plugin's)."""
+    if layout.own_setting(where, key) is not None:
+        return True
+    return (key in FLAGS and where == layout.lora and bool(layout.vlm_lora_targets)
+            and select(cfg, f"{layout.lora}._target_") in layout.vlm_lora_targets)
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == ""
+
+
 def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
     """Flags, patterns and learning rates written where ``layout``'s runs never read them (they would be dropped).
 
     The whole config is walked (keys only, nothing resolved). In a section some layout reads the plugin's keys
     from, any key shaped like one counts (a near-misspelt flag, ``lr_vision``...); anywhere else, the exact names
     (``trainer.critic.megatron_config.freeze_vision_model``, ``optimizer.lr_vision_model``). Only the chosen
-    layout's own sections are read; a flag under its reference model is left to the reference rule.
+    layout's own sections are read (each plugin key in its home: :meth:`Layout.home`); a flag under its
+    reference model is left to the reference rule; Bridge's and the trainer's own ``freeze_*`` settings
+    (``VLMLoRA``'s switches, NeMo-RL's ``freeze_config``) are theirs, not misplaced.
     """
     sections = set(plugin_sections())
     keys, referenced = _all_keys(cfg)
@@ -298,20 +452,98 @@ def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
         if any(where == ref or where.startswith(ref + ".") for ref in referenced):
             continue  # read through an interpolation (megatron_config: ${base}): judged where it is used
         kind = _plugin_key(key) if where in sections else _exact_plugin_key(key)
-        if kind == "flag" and where not in (layout.flags, layout.reference_flags):
+        if kind is None or _own_here(cfg, layout, where, key):
+            continue
+        dotted = _dotted(where, key)
+        never = layout.reference_of(where)
+        if never is not None:
+            if not _unset(_quiet(cfg, dotted)):
+                problems.append(
+                    f"{dotted}: {never} never trains, so a freeze flag, pattern or learning rate there has no "
+                    f"meaning. Remove it (or set it false / empty if a YAML merge copied it from the policy); the "
+                    f"policy's go under {layout.lr_section if kind == 'lr' else layout.flags}"
+                    + (f" ({_homes_text(layout)})" if layout.flag_homes and kind == "flag" else ""))
+            continue
+        if kind == "flag":
+            exact = key in PLUGIN_KEYS
+            if where == layout.reference_flags or (exact and where == layout.home(key)) or (
+                    not exact and where in layout.plugin_homes):
+                continue  # read (a near-misspelling in a home section: reading names the flag it means)
+            if exact and where in layout.plugin_homes:
+                problems.append(f"{dotted} is not applied in a {layout.title} run: {layout.section_notes[where]}. "
+                                f"Write {layout.key(key)} instead")
+                continue
+            home = layout.key(key) if exact else f"{layout.flags}.{key}"
             problems.append(
-                f"{_dotted(where, key)} is not read in the {layout.title} layout, so the run would ignore it: the "
-                f"flags and patterns go under {layout.flags}. Write {layout.flags}.{key} instead"
+                f"{dotted} is not read in the {layout.title} layout, so the run would ignore it: "
+                f"{_homes_text(layout)}. Write {home} instead"
             )
+        elif kind == "lr" and layout.learning_rates_refused is not None:
+            problems.append(f"{dotted}: {layout.learning_rates_refused}")
         elif kind == "lr" and where == layout.reference_flags:
             problems.append(
-                f"{_dotted(where, key)}: the reference model never trains, so a learning rate there never applies. "
+                f"{dotted}: the reference model never trains, so a learning rate there never applies. "
                 f"Remove it; per-part learning rates of the policy go under {layout.lr_section}"
             )
         elif kind == "lr" and where != layout.lr_section:
-            problems.append(f"{_dotted(where, key)} is not read in the {layout.title} layout, so the run would "
+            problems.append(f"{dotted} is not read in the {layout.title} layout, so the run would "
                             f"ignore it{_lr_home(layout, where, key)}")
     return problems
+
+
+def _quiet(cfg: Any, key: str) -> Any:
+    """``cfg[key]`` resolved, or ``True`` (something is written) when it cannot be resolved."""
+    try:
+        return select(cfg, key)
+    except InvalidFreezeConfigError:
+        return True
+
+
+def unread_freeze_keys(cfg: Any, layout: Layout) -> list[str]:
+    """Every ``freeze_*`` key (``key=value``) of the config that ``layout`` reads nowhere.
+
+    Not counted: the plugin's own keys (read in their home, or refused where they are not:
+    :func:`misplaced_keys`), the keys of the sections the plugin's keys are read from (checked there: an unknown
+    ``freeze_*`` key is an error), Bridge's and the trainer's own settings where the layout knows them, and what
+    is read through an interpolation (judged where it is used). What is left is a setting of another config
+    layout, or of no trainer: a run of this layout never reads it.
+    """
+    keys, referenced = _all_keys(cfg)
+    homes = {*layout.plugin_homes, layout.reference_flags}
+    out = []
+    for where, key in keys:
+        if not key.lower().startswith("freeze_") or key in PLUGIN_KEYS or where in homes:
+            continue
+        if any(where == ref or where.startswith(ref + ".") for ref in referenced):
+            continue
+        if _own_here(cfg, layout, where, key):
+            continue
+        dotted = _dotted(where, key)
+        out.append(f"{dotted}={as_yaml(_quiet_raw(cfg, dotted))}")
+    return out
+
+
+def _quiet_raw(cfg: Any, key: str) -> Any:
+    try:
+        value = select(cfg, key)
+    except InvalidFreezeConfigError:
+        return "(unresolvable)"
+    return value if not isinstance(value, Mapping | list) else brief(value)
+
+
+def _own_freeze(cfg: Any, layout: Layout, source: Source) -> tuple[OwnFreeze, ...]:
+    """Bridge's and the trainer's own ``freeze_*`` settings of the policy the config writes (not the references')."""
+    keys, _ = _all_keys(cfg)
+    out = []
+    for where, key in keys:
+        if not key.startswith("freeze_") or layout.reference_of(where) or where == layout.reference_flags:
+            continue
+        setting = layout.own_setting(where, key)
+        if setting is None:
+            continue
+        dotted = _dotted(where, key)
+        out.append(OwnFreeze(dotted, _quiet_raw(cfg, dotted), setting, source(dotted)))
+    return tuple(sorted(out, key=lambda o: o.key))
 
 
 def _exact_plugin_key(key: str) -> str | None:
@@ -368,6 +600,8 @@ def _lr_home(layout: Layout, where: str, key: str) -> str:
 
 def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -> Mapping[str, Any]:
     """The mapping the layout's runs read per-part learning rates from (an applied one only)."""
+    if layout.learning_rates_refused is not None:
+        return {}  # any LR key was refused while walking the config
     if layout.lr_section == layout.flags:
         return flags
     lrs = section(cfg, layout.lr_section)
@@ -386,6 +620,46 @@ def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -
     return {}
 
 
+@contextlib.contextmanager
+def resolvers(layout: Layout) -> Iterator[None]:
+    """The OmegaConf resolvers the layout's trainer registers (NeMo-RL's ``mul``...), while reading only: those
+    this process has not registered itself are removed again afterwards."""
+    added = []
+    try:
+        for name, function in layout.resolvers.items():
+            if not OmegaConf.has_resolver(name):
+                OmegaConf.register_new_resolver(name, function)
+                added.append(name)
+        yield
+    finally:
+        for name in added:
+            OmegaConf.clear_resolver(name)
+
+
+def _resolve_all(cfg: Any, layout: Layout) -> None:
+    """The trainer resolves every interpolation at start: one that fails would stop the run, so it is an error."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else None
+    except OmegaConfBaseException as exc:
+        raise InvalidFreezeConfigError(
+            f"an interpolation cannot be resolved, and {layout.trainer} resolves the whole config when it starts "
+            f"(OmegaConf.to_container(resolve=True)), so the run would stop there: {brief(exc)}"
+        ) from exc
+    except RecursionError:
+        raise InvalidFreezeConfigError("an interpolation refers to itself, or nests too deep, and "
+                                       f"{layout.trainer} resolves the whole config when it starts") from None
+
+
+def _syncs_weights(cfg: Any, layout: Layout) -> bool:
+    if layout.syncs_weights:
+        return True
+    return any(_has(cfg, key) for key in layout.syncs_weights_with)
+
+
+def _has(cfg: Any, key: str) -> bool:
+    return key in cfg if isinstance(cfg, DictConfig | Mapping) else False
+
+
 def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> RunSettings:
     """Every value the rules read from ``cfg`` in ``layout``; ``source(key)`` says where a key's value came from.
 
@@ -396,35 +670,47 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
     source = source or (lambda key: IN_CONFIG)
     if not isinstance(cfg, (DictConfig, Mapping)):
         raise TypeError(f"expected an OmegaConf DictConfig or a mapping, got {type(cfg).__name__}")
+    with resolvers(layout):
+        return _read(cfg, layout, source)
+
+
+def _read(cfg: Any, layout: Layout, source: Source) -> RunSettings:
+    if layout.resolves_whole_config:
+        _resolve_all(cfg, layout)
     misplaced = misplaced_keys(cfg, layout)
     if misplaced:
         raise InvalidFreezeConfigError(join_problems(misplaced))
-    flags = section(cfg, layout.flags)
-    selection = read_selection(flags, where=layout.flags, known=layout.other_freeze_keys)
+    homes = {key: layout.home(key) for key in PLUGIN_KEYS}
+    sections = {}
+    for home in layout.plugin_homes:
+        known = layout.own_keys(home)
+        sections[home] = _checked_section(section(cfg, home), home, known or frozenset(),
+                                          layout.refused_here(home), any_own=known is None)
+    selection = _selection(sections, homes)
     reference = None
     if layout.reference_flags is not None:
         reference = read_selection(section(cfg, layout.reference_flags), where=layout.reference_flags,
-                                   known=layout.other_freeze_keys)
+                                   known=layout.own_keys(layout.reference_flags) or frozenset())
     malformed: list[str] = []
-    strategy = select(cfg, layout.strategy) if layout.strategy else layout.fixed_strategy
+    strategy, strategy_note = _strategy(cfg, layout, source)
     lmo = _bool_setting(cfg, layout.language_model_only, source, malformed)
     lora, rank = _lora(cfg, layout, source, malformed)
     target = select(cfg, layout.provider_target) if layout.provider_target else None
+    lora_class = select(cfg, f"{layout.lora}._target_") if lora.enabled else None
     # Per-part learning rates (lr_<part>, min_lr_<part>): next to the flags, or (Bridge) on the optimizer
     # override provider; checked as they are read.
-    learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, flags), where=layout.lr_section,
-                                              frozen=selection.untrained_parts(), lora=lora.enabled,
-                                              flags_where=layout.flags)
+    learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, sections[layout.flags]),
+                                              where=layout.lr_section, frozen=selection.untrained_parts(),
+                                              lora=lora.enabled, flags_where=layout.flags)
     return RunSettings(
         layout=layout.name,
         selection=selection,
         flags_key=layout.flags,
-        strategy=Setting(None if strategy is None else str(strategy), layout.strategy,
-                         source(layout.strategy) if layout.strategy else f"always, in the {layout.title} layout"),
+        strategy=strategy,
         language_model_only=lmo,
         lora=lora,
         lora_rank=rank,
-        recompute=tuple(Setting(select(cfg, key), key, source(key)) for key in layout.recompute),
+        recompute=_recompute(cfg, layout, source),
         provider_target=None if target is None else Setting(str(target), layout.provider_target,
                                                              source(str(layout.provider_target))),
         reference=reference,
@@ -433,4 +719,17 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
         malformed=tuple(malformed),
         learning_rates=learning_rates,
         learning_rates_key=layout.lr_section,
+        flag_keys={key: f"{home}.{key}" for key, home in homes.items() if home != layout.flags},
+        own_freeze=_own_freeze(cfg, layout, source),
+        unread_freeze_keys=tuple(unread_freeze_keys(cfg, layout)),
+        syncs_weights=_syncs_weights(cfg, layout),
+        weight_sync_note=layout.weight_sync_note,
+        strategy_fix=layout.strategy_key_fix(layout.strategy),
+        strategy_note=strategy_note,
+        strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy_switches)} is true (no backend)"
+                        if layout.strategy_switches else None),
+        lora_enable=_lora_enable(layout),
+        lora_class=None if lora_class is None else str(lora_class),
+        vlm_lora=_vlm_lora(cfg, layout, lora, source),
+        trainer=layout.trainer,
     )

@@ -1,0 +1,131 @@
+"""check-config for the other trainers and for Bridge's own files (issues 27 and 28).
+
+Bridge's own ``freeze_*`` provider fields and the trainers' router freeze (read, said, never refused as
+misspellings); Bridge's PEFT ``run_config.yaml`` as Bridge writes it (``!!set``); a forced layout never reads a
+foreign config silently; LoRA in the summary (plain LoRA, adapters next to full-rank parts, ``VLMLoRA``'s own
+switches); NeMo-RL's GRPO / SFT configs (its published examples, composed as NeMo-RL composes them).
+
+Expected values are written here by hand from the trainers' and Bridge's code (cited next to each), or read from
+Bridge's installed source with ``ast`` (no plugin code): never computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import megatron  # noqa: F401  (namespace package: where Bridge's installed source is)
+from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError
+from bridge_freeze_plugin.cli import main
+from bridge_freeze_plugin.validation import load_run
+
+CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+SFT_FILE = CONFIGS / "sft" / "sft_defaults.yaml"
+RL_FILE = CONFIGS / "rl_dataclass" / "rl_defaults.yaml"
+BRIDGE_FILE = CONFIGS / "bridge" / "run_config.yaml"
+POLICY = "trainer.policy.megatron_config"
+VISION = FreezeSelection(freeze_vision_model=True)
+BRIDGE_SOURCE = Path(next(iter(megatron.__path__))) / "bridge"
+
+
+def check(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["check-config", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def check_json(capsys, *args: str) -> dict:
+    code, out, err = check(capsys, "--json", *args)
+    doc = json.loads(out)
+    assert (code == 0) == doc["valid"], (code, err)
+    return doc
+
+
+def declared_freeze_fields() -> dict[str, set[str]]:
+    """``freeze_*`` field name -> the classes of Bridge's installed source that declare it (read with ast)."""
+    found: dict[str, set[str]] = {}
+    for path in (BRIDGE_SOURCE / "models").rglob("*_provider.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                            and statement.target.id.startswith("freeze_")):
+                        found.setdefault(statement.target.id, set()).add(node.name)
+    return found
+
+
+# ---- issue 28 item 3: Bridge's own freeze fields, and the trainers' router freeze -----------------------------
+
+#: Bridge 0.6.2's own provider fields beyond the three flags, as issue 28 lists them (+ MTP, MIMO).
+BRIDGE_OWN = ("freeze_audio_model", "freeze_audio_projection", "freeze_sound_encoder", "freeze_sound_projection",
+              "freeze_mtp_model", "freeze_modality_encoders", "freeze_modality_projections")
+
+
+def test_bridges_own_fields_are_fields_of_its_providers_and_the_flags_are_too():
+    """The names the Bridge layout accepts are real provider fields (Bridge's source, not the plugin's table)."""
+    declared = declared_freeze_fields()
+    assert set(BRIDGE_OWN) | {"freeze_language_model", "freeze_vision_model", "freeze_vision_projection"} == set(
+        declared)
+    assert "Qwen2AudioModelProvider" in declared["freeze_audio_projection"]
+    assert declared["freeze_sound_encoder"] == {"NemotronOmniModelProvider"}
+
+
+@pytest.mark.parametrize("field", BRIDGE_OWN)
+def test_bridges_own_freeze_field_is_accepted_and_said_never_a_misspelling(capsys, field):
+    """Before: model.freeze_audio_model=True was refused as a misspelling of freeze_vision_model."""
+    doc = check_json(capsys, BRIDGE_FILE, f"model.{field}=True", "model.freeze_vision_model=True")
+    assert doc["valid"], doc["error"]
+    assert doc["selection"] == {"freeze_language_model": False, "freeze_vision_model": True,
+                                "freeze_vision_projection": False}
+    assert [(own["key"], own["value"], own["applied_by"], own["outside_parts"]) for own in doc["own_freeze"]] == [
+        (f"model.{field}", True, "Bridge", True)]
+    code, out, _ = check(capsys, BRIDGE_FILE, f"model.{field}=True")
+    assert code == 0 and "did you mean" not in out
+    assert f"Bridge's own: model.{field}=true" in out and "applied by Bridge, not by the plugin" in out
+    assert "audio / sound parts are a later issue" in out
+
+
+@pytest.mark.parametrize(("field", "instead"), [
+    ("freeze_sound_model", "model.freeze_sound_encoder"),     # an argument of the Omni model's freeze(), no field
+    ("freeze_moe_router", "train_utils.freeze_moe_router"),   # Bridge's router freeze is a function (a hook)
+])
+def test_a_name_that_is_no_bridge_field_is_refused_with_what_bridge_has(field, instead):
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(BRIDGE_FILE, [f"model.{field}=true"]).validate()
+    message = str(err.value)
+    assert f"model.{field} is no field of Bridge's providers" in message and instead in message
+    assert "did you mean" not in message
+
+
+@pytest.mark.parametrize(("path", "section"), [(SFT_FILE, "megatron_config"), (RL_FILE, POLICY)])
+def test_a_bridge_field_in_a_trainers_section_is_refused_as_what_it_is(path, section):
+    """Not "did you mean freeze_vision_model" (that advice freezes the wrong part)."""
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(path, [f"{section}.freeze_audio_model=true"]).validate()
+    message = str(err.value)
+    assert f"{section}.freeze_audio_model is Bridge's own provider field (the audio encoder" in message
+    assert "model.freeze_audio_model" in message and "did you mean" not in message
+
+
+@pytest.mark.parametrize(("path", "section", "extra"), [
+    (SFT_FILE, "megatron_config", []),
+    (RL_FILE, POLICY, ["trainer.strategy=megatron"]),
+])
+def test_the_router_freeze_with_flags_is_valid_and_said_inside_the_language_model(capsys, path, section, extra):
+    """Issue 28 item 2 on the config side: the build accepts the trainer's router hook next to the flags (it
+    freezes mlp.router.weight inside the trained LM and is reported per part), so check-config agrees."""
+    overrides = [*extra, f"{section}.freeze_moe_router=true", f"{section}.freeze_vision_model=true"]
+    doc = check_json(capsys, path, *overrides)
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == ["language_model", "vision_projection"]
+    assert [(own["key"], own["narrows"], own["applied_by"]) for own in doc["own_freeze"]] == [
+        (f"{section}.freeze_moe_router", "language_model", "the trainer")]
+    _, out, _ = check(capsys, path, *overrides)
+    assert f"narrowed: {section}.freeze_moe_router=true freezes the MoE routers" in out
+    assert "inside the language_model, which trains" in out
+    # the LM frozen by its flag: nothing is narrowed (the routers are frozen with it)
+    _, out, _ = check(capsys, path, *overrides, f"{section}.freeze_language_model=true")
+    assert "narrowed:" not in out and "inside the language_model, which does not train at full rank" in out
