@@ -165,9 +165,14 @@ def anchored(text: str) -> str:
     return f"{flags}{end}(?:{rest}{end})(?:\\..+)?"
 
 
+def shown(text: str, limit: int = 120) -> str:
+    """A pattern as a message quotes it: whole, or its start and length when it is very long."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _invalid(key: str, text: str, why: str) -> InvalidPatternError:
     return InvalidPatternError(
-        f"{key} entry '{text}' is not a valid regular expression ({why}). Patterns are Python regular "
+        f"{key} entry '{shown(text)}' is not a valid regular expression ({why}). Patterns are Python regular "
         f"expressions matched against whole parameter or module names: write '.*' for any text (not '*'), "
         f"e.g. 'language_model\\.decoder\\.layers\\.(2|3)' or '.*\\.router'"
     )

@@ -121,8 +121,15 @@ _PART_WORDS: dict[str, str] = {
 _FILLER = frozenset({"lr", "min", "learning", "rate", "max", "peak"})
 
 
-#: The global schedule's own names: not per-part keys, never refused as unknown ones.
-_GLOBAL_LR_KEYS = frozenset({"lr", "min_lr"})
+#: The global schedule's own names: not per-part keys, never refused as unknown ones. Every field of Bridge 0.6.2's
+#: ``OptimizerConfig`` / ``SchedulerConfig`` shaped like a learning rate (a trainer's ``megatron_config`` passes them
+#: on: ``lr_decay_style``...); ``tests/unit/test_learning_rates.py`` checks the list against Bridge's dataclasses.
+MEGATRON_LR_SETTINGS = frozenset({
+    "lr", "min_lr", "decoupled_lr", "decoupled_min_lr", "lr_decay_iters", "lr_decay_samples", "lr_decay_steps",
+    "lr_decay_style", "lr_warmup_fraction", "lr_warmup_init", "lr_warmup_iters", "lr_warmup_samples",
+    "lr_warmup_steps", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "lr_wsd_decay_style",
+})
+_GLOBAL_LR_KEYS = MEGATRON_LR_SETTINGS
 
 
 def looks_like_lr_key(key: object) -> bool:

@@ -408,3 +408,19 @@ def test_bridges_setup_optimizer_is_checked_automatically(rig, caplog):
     finally:
         bfp.activate()
     assert bridge_optim.setup_optimizer.__bridge_freeze_wrapped__ is original
+
+
+def test_megatrons_own_schedule_settings_are_never_unknown_per_part_keys(cpu_bridge):
+    """A trainer's ``megatron_config`` carries Megatron's schedule settings (``lr_decay_style``...): shaped like an LR
+    key, they are not per-part keys and must read (the list is checked against Bridge's own dataclasses)."""
+    import dataclasses
+
+    from megatron.bridge.training.config import OptimizerConfig, SchedulerConfig
+
+    from bridge_freeze_plugin.optim.settings import MEGATRON_LR_SETTINGS, looks_like_lr_key
+
+    fields = {f.name for c in (OptimizerConfig, SchedulerConfig) for f in dataclasses.fields(c)}
+    shaped = {name for name in fields if name in MEGATRON_LR_SETTINGS or looks_like_lr_key(name)}
+    assert shaped <= MEGATRON_LR_SETTINGS
+    assert not any(looks_like_lr_key(name) for name in MEGATRON_LR_SETTINGS)
+    assert looks_like_lr_key("lr_llm") and looks_like_lr_key("lr_vision")
