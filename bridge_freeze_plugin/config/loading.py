@@ -352,13 +352,48 @@ def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
             "settings (key: value lines)"
         )
     try:
-        cfg = OmegaConf.create(text)
+        cfg = OmegaConf.create(_omegaconf_values(_load_as_omegaconf(text)))
     except RecursionError:
         raise ConfigLoadError(f"{shown_path} nests too deep to load (mappings and lists): flatten it") from None
     except (yaml.YAMLError, OmegaConfBaseException) as exc:
         raise ConfigLoadError(f"cannot load {shown_path}: {brief(exc)}") from exc
     assert isinstance(cfg, DictConfig)
     return cfg
+
+
+def _load_as_omegaconf(text: str) -> Any:
+    """``text`` loaded by OmegaConf's own YAML loader (a safe loader: no Python tag is ever constructed; its float
+    and duplicate-key rules), as plain Python: what ``OmegaConf.create(text)`` reads, before it checks types."""
+    import omegaconf
+
+    module = getattr(omegaconf, "_yaml", None) or getattr(omegaconf, "_utils", None)
+    loader = getattr(module, "get_yaml_loader", None)
+    if loader is None:  # an OmegaConf without it: its own reading of the text
+        return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    return yaml.load(text, Loader=loader())  # OmegaConf's loader is a SafeLoader subclass
+
+
+def _omegaconf_values(value: Any) -> Any:
+    """``value`` with what YAML's safe schema builds but OmegaConf cannot hold made plain: a set (``!!set``, as
+    Bridge writes a PEFT's ``params_to_save``) becomes its sorted list, a date or a timestamp its ISO text."""
+    import datetime
+
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in list(items):
+            if isinstance(child, set | frozenset):
+                child = sorted(child, key=lambda item: (type(item).__name__, str(item)))
+            elif isinstance(child, datetime.date):
+                child = child.isoformat()
+            else:
+                if isinstance(child, dict | list):
+                    stack.append(child)
+                continue
+            node[key] = child
+            stack.append(child)
+    return value
 
 
 def apply_overrides(

@@ -15,9 +15,10 @@ import ast
 import json
 from pathlib import Path
 
+import megatron  # a namespace package: where Bridge's installed source is (nothing imported)
 import pytest
+import yaml
 
-import megatron  # noqa: F401  (namespace package: where Bridge's installed source is)
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError
 from bridge_freeze_plugin.cli import main
 from bridge_freeze_plugin.validation import load_run
@@ -129,3 +130,55 @@ def test_the_router_freeze_with_flags_is_valid_and_said_inside_the_language_mode
     # the LM frozen by its flag: nothing is narrowed (the routers are frozen with it)
     _, out, _ = check(capsys, path, *overrides, f"{section}.freeze_language_model=true")
     assert "narrowed:" not in out and "inside the language_model, which does not train at full rank" in out
+
+
+# ---- issue 28 item 4: Bridge's PEFT run_config.yaml, as Bridge writes it -------------------------------------
+
+PEFT_FILE = CONFIGS / "bridge" / "run_config_peft.yaml"
+WRITER = CONFIGS / "bridge" / "write_peft_run_config.py"
+
+
+def test_bridges_peft_run_config_is_read_with_its_set_of_saved_names(capsys):
+    """Before: "'set' is not a supported primitive type" on every Bridge PEFT run_config.yaml. The fixture is
+    Bridge's own writer's output (write_peft_run_config.py): LoRA on the LM's linear_qkv, the LM flag set."""
+    text = PEFT_FILE.read_text(encoding="utf-8")
+    assert "params_to_save: !!set" in text
+    # Bridge reads it back with yaml.safe_load (checkpoint_utils.read_run_config): a set of parameter names
+    written = yaml.safe_load(text)["peft"]["params_to_save"]
+    assert isinstance(written, set) and written
+    adapters = {name for name in written if ".adapter." in name}
+    assert adapters == {f"language_model.decoder.layers.{i}.self_attention.linear_qkv.adapter.linear_{io}.weight"
+                        for i in (0, 1) for io in ("in", "out")}
+    assert all(name.startswith("vision_model.") for name in written - adapters)  # the full-rank parts
+
+    run = load_run(PEFT_FILE)
+    assert run.layout.name == "bridge" and run.validate() == FreezeSelection(freeze_language_model=True)
+    assert run.settings.lora.rank == 4 and run.settings.lora.target_modules == ("language_model.*linear_qkv",)
+    assert list(run.loaded.cfg.peft.params_to_save) == sorted(written)  # the set, as its sorted list
+    doc = check_json(capsys, PEFT_FILE)
+    assert doc["valid"] and doc["family"] == "qwen3_vl", doc["error"]
+
+
+def test_a_python_tag_is_never_constructed(tmp_path, capsys):
+    """The loader is YAML's safe one (OmegaConf's): a !!python tag is a config error, and nothing runs."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "run_config.yaml"
+    path.write_text(f"model:\n  _target_: x.Y\n  hook: !!python/object/apply:os.system ['touch {marker}']\n")
+    code, _, err = check(capsys, path)
+    assert code == 2 and "is not valid YAML" in err and not marker.exists()
+
+
+def test_the_fixture_is_what_bridge_writes_today(cpu_bridge, tmp_path, capsys):
+    """Bridge's writer run now (tiny Qwen3-VL built on the CPU, Bridge's PEFT step, ConfigContainer.to_yaml)
+    gives the committed fixture byte for byte, and check-config reads it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_peft_run_config", WRITER)
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    path = tmp_path / "run_config.yaml"
+    names = writer.write(path)
+    assert path.read_text(encoding="utf-8") == PEFT_FILE.read_text(encoding="utf-8")
+    assert list(load_run(path).loaded.cfg.peft.params_to_save) == sorted(names)
+    code, out, _ = check(capsys, path)
+    assert code == 0 and "OK: valid" in out
