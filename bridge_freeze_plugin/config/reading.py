@@ -520,7 +520,7 @@ def unread_freeze_keys(cfg: Any, layout: Layout) -> list[str]:
             continue
         dotted = _dotted(where, key)
         out.append(f"{dotted}={as_yaml(_quiet_raw(cfg, dotted))}")
-    return out
+    return sorted(out)
 
 
 def _quiet_raw(cfg: Any, key: str) -> Any:

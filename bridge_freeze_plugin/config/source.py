@@ -26,11 +26,13 @@ from bridge_freeze_plugin.config.loading import (
     lookup,
     read_yaml_file,
 )
-from bridge_freeze_plugin.config.reading import IN_CONFIG
+from bridge_freeze_plugin.config.reading import IN_CONFIG, resolvers, unread_freeze_keys
 from bridge_freeze_plugin.errors import ConfigLoadError
 
 #: The source of a key the config does not have (its value is the rules' "unset").
 NOT_WRITTEN = "not written"
+#: How many unread keys an error names.
+_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,9 @@ def _what(loaded: LoadedConfig) -> str:
 def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layout, str]:
     """The layout: detected from the config, weighing all its evidence; ``forced`` must not contradict the file.
 
-    A forced layout is refused when the file has keys that decide another layout and none that decide it;
-    whatever evidence it outweighs is said in the reason.
+    A forced layout is refused when the file has keys that decide another layout and none that decide it, and
+    when any ``freeze_*`` key of the file is one it reads nowhere (:func:`~.reading.unread_freeze_keys`: a
+    foreign config's settings); whatever evidence it outweighs is said in the reason.
     """
     top = OmegaConf.to_container(loaded.cfg, resolve=False)
     assert isinstance(top, dict)
@@ -97,6 +100,16 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
             f"{_what(loaded)} is written in the {seen.layout.title} layout ({seen.why()}), not the {layout.title} "
             f"layout asked for; the {layout.title} keys ({layout.flags}...) would read nothing. Drop the layout "
             f"option (it is detected), or give a {layout.title} config"
+        )
+    with resolvers(layout):
+        unread = unread_freeze_keys(loaded.cfg, layout)
+    if unread:
+        shown = ", ".join(unread[:_SHOWN]) + (f" and {len(unread) - _SHOWN} more" if len(unread) > _SHOWN else "")
+        raise ConfigLoadError(
+            f"{_what(loaded)} has freeze settings the {layout.title} layout asked for does not read: {shown}. A "
+            f"forced layout never reads a foreign config silently: these belong to another trainer's config (or to "
+            f"none), and a run in that layout would ignore them. Drop the layout option (the layout is detected), "
+            f"or remove them"
         )
     others = [e for e in found.values() if e.layout is not layout]
     reason = "forced with --layout" + (f" (the file agrees: {own.why()})" if own is not None else "")

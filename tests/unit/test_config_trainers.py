@@ -182,3 +182,55 @@ def test_the_fixture_is_what_bridge_writes_today(cpu_bridge, tmp_path, capsys):
     assert list(load_run(path).loaded.cfg.peft.params_to_save) == sorted(names)
     code, out, _ = check(capsys, path)
     assert code == 0 and "OK: valid" in out
+
+
+# ---- issue 28 item 5: a forced layout never silently reads a foreign config ---------------------------------
+
+#: A NeMo-RL policy section without its algorithm section (only a hint of the NeMo-RL layout).
+NEMO_RL_POLICY = {"policy": {"model_name": "Qwen/Qwen2.5-VL-3B-Instruct",
+                             "megatron_cfg": {"enabled": True, "freeze_moe_router": True,
+                                              "freeze_vision_model": True}}}
+
+
+def write(path: Path, data: object) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+TITLES = {"rl": "RL", "sft": "SFT", "bridge": "Megatron-Bridge ConfigContainer"}
+
+
+@pytest.mark.parametrize("forced", ["rl", "sft", "bridge"])
+def test_a_foreign_config_forced_to_a_layout_is_refused_naming_every_freeze_key(tmp_path, capsys, forced):
+    """Before: forced to --layout rl, a NeMo-RL file read as "OK: valid, frozen: nothing"."""
+    path = write(tmp_path / "policy.yaml", NEMO_RL_POLICY)
+    code, out, err = check(capsys, path, "--layout", forced)
+    assert code == 2 and "OK: valid" not in out
+    assert "never reads a foreign config silently" in err and "policy.megatron_cfg.freeze_moe_router=true" in err
+    # without it, the plugin's own flag there is refused where it stands, naming its home in that layout
+    code, _, err = check(capsys, path, "--layout", forced, "~policy.megatron_cfg.freeze_moe_router")
+    assert code == 2 and f"policy.megatron_cfg.freeze_vision_model is not read in the {TITLES[forced]} layout" in err
+
+
+def test_a_whole_nemo_rl_file_forced_to_the_rl_layout_is_refused_by_its_deciding_keys(tmp_path, capsys):
+    path = write(tmp_path / "grpo.yaml", {**NEMO_RL_POLICY, "grpo": {"num_prompts_per_step": 8}})
+    code, _, err = check(capsys, path, "--layout", "rl")
+    assert code == 2 and "written in the NeMo-RL layout" in err and "not the RL layout asked for" in err
+
+
+def test_a_forced_layout_that_reads_every_freeze_key_is_accepted(capsys):
+    doc = check_json(capsys, SFT_FILE, "--layout", "sft", "megatron_config.freeze_moe_router=true",
+                     "megatron_config.freeze_vision_model=true")
+    assert doc["valid"] and doc["unread_freeze_keys"] == [] and doc["layout_reason"].startswith("forced")
+
+
+def test_a_detected_layout_reports_each_freeze_key_it_does_not_read(capsys):
+    stray = ["+data.freeze_vision_tower=true", "+trainer.critic.freeze_moe_router=false"]
+    doc = check_json(capsys, RL_FILE, *stray)
+    assert doc["valid"], doc["error"]
+    assert doc["unread_freeze_keys"] == ["data.freeze_vision_tower=true", "trainer.critic.freeze_moe_router=false"]
+    _, out, _ = check(capsys, RL_FILE, *stray)
+    assert "not read: data.freeze_vision_tower=true (no setting of the RL layout" in out
+    # forced, the same keys are an error
+    code, _, err = check(capsys, RL_FILE, "--rl", *stray)
+    assert code == 2 and "data.freeze_vision_tower=true, trainer.critic.freeze_moe_router=false" in err
