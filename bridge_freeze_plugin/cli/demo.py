@@ -1,18 +1,27 @@
-"""``bridge-freeze demo``: train a tiny real Bridge VLM on the CPU with a selection, and check what changed.
+"""``bridge-freeze demo``: the user's flow on the CPU, end to end, with a selection; then proof from the export.
 
-Builds a tiny configuration through Bridge's real provider with the CPU harness (:mod:`bridge_freeze_harness`,
-imported lazily; why it exists is said there), applies the selection (default: projection only), trains a few
-AdamW steps on a synthetic batch and shows, per part, how many tensors train and how many changed. Exit 1 if a
-frozen tensor changed or a trainable one did not.
+A tiny random Hugging Face checkpoint is written to a work directory, loaded through
+``AutoBridge.from_hf_pretrained(dir)`` -> ``to_megatron_provider(load_weights=True)`` with the plugin's selection,
+trained by Bridge's real ``finetune()`` (Bridge's optimizer, checkpointing and VLM step; the CPU harness,
+:mod:`bridge_freeze_harness`, imported lazily, lets them run without CUDA), saved as a Bridge checkpoint and exported
+with ``bridge.save_hf_pretrained``. The exported safetensors are then compared with the input checkpoint's: one
+row per part (HF tensors, trainable, changed) and an OK line, or FAIL lines and exit 1. The whole flow is
+:func:`bridge_freeze_harness.demo_flow.run_demo_flow`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import time
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
 
 from bridge_freeze_plugin.cli._common import (
     EXIT_CHECK_FAILED,
@@ -31,37 +40,46 @@ from bridge_freeze_plugin.cli.training_options import (
     add_lora_options,
     add_pattern_options,
     add_training_options,
+    check_lora_options,
     make_lora,
     part_learning_rates,
     refuse_nothing_to_train,
     with_patterns,
 )
-from bridge_freeze_plugin.counting import PartTally
-from bridge_freeze_plugin.errors import CommandError
+from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
-
-#: The demo's global learning rate (AdamW).
-GLOBAL_LR = 1e-2
 
 #: The demo's default selection: the projection trains, the rest is frozen.
 PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
 
+#: Bridge's own output (its prints, logs and warnings) goes to this file of the work directory.
+BRIDGE_LOG = "bridge.log"
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     demo = add_subcommand(
-        subparsers, "demo", help="train a tiny real Bridge VLM on the CPU with a selection, and check what changed",
+        subparsers, "demo",
+        help="the user's flow on the CPU: tiny HF checkpoint -> Bridge finetune() -> HF export, and what changed",
+        description=__doc__.split("\n\n", 1)[1].split("\n\n", 1)[0],
         epilog="examples:\n  bridge-freeze demo                       # Qwen3-VL, projection only\n"
                "  bridge-freeze demo qwen25_vl --freeze-vision-model --steps 3\n"
                "  bridge-freeze demo --lora-rank 4 --freeze-language-model --freeze-vision-model "
                "--lora-target-modules linear_qkv linear_proj\n"
                "  bridge-freeze demo --freeze-language-model --lr-vision-projection 0\n"
                "  bridge-freeze demo --freeze-language-model --train 'language_model\\.decoder\\.layers\\.1'\n"
-               "  bridge-freeze demo --train-all --recompute full",
+               "  bridge-freeze demo --train-all --recompute full\n"
+               "  bridge-freeze demo --workdir /tmp/flow      # keep the checkpoints and the export there",
     )
-    demo.add_argument("model", nargs="?", default="qwen3_vl", help="family to build (default qwen3_vl)")
-    demo.add_argument("--steps", type=bounded_int(1), default=5, help="AdamW steps, at least 1 (default 5)")
+    demo.add_argument("model", nargs="?", default="qwen3_vl", help="family to run (default qwen3_vl)")
+    demo.add_argument("--steps", type=bounded_int(1), default=5,
+                      help="training iterations of Bridge's finetune(), at least 1 (default 5)")
     demo.add_argument("--seed", type=bounded_int(0, MAX_SEED, maximum_text="2**64 - 1"), default=0,
-                      help="random seed for the weights and the synthetic batch (default 0)")
+                      help="random seed of the HF checkpoint's weights and the synthetic data (default 0; "
+                           "folded to 31 bits for Megatron's RNG)")
+    demo.add_argument("--workdir", metavar="DIR", type=Path, default=None,
+                      help="where the HF checkpoint, Bridge's checkpoint, the export and Bridge's log go (new or "
+                           "empty; kept). Default: a temporary directory, removed at the end unless --keep")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary work directory and say where it is")
     add_selection_flags(demo)
     add_pattern_options(demo)
     add_lora_options(demo)
@@ -71,78 +89,120 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (a plain line per step when stderr is not a terminal)."""
+    """A one-line progress bar (a plain line per step when the stream is not a terminal)."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.tty = sys.stderr.isatty()
+    def __init__(self, total: int, stream: IO[str]) -> None:
+        self.total, self.stream = total, stream
+        self.tty = stream.isatty()
 
     def __call__(self, step: int, loss: float) -> None:
         done = step + 1
         width = 24
         filled = width * done // self.total
         bar = "#" * filled + "-" * (width - filled)
-        line = f"train [{bar}] {done}/{self.total} loss {loss:.4f}"
-        sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
+        line = f"finetune [{bar}] {done}/{self.total} loss {loss:.4f}"
+        self.stream.write(("\r" + line) if self.tty else (line + "\n"))
         if self.tty and done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self.stream.write("\n")
+        self.stream.flush()
 
 
 def _check_request(model: str, selection: FreezeSelection, lora_rank: int = 0) -> None:
-    """Refuse, before any build, a configuration that cannot train here or a selection that trains nothing."""
-    from bridge_freeze_harness import train
-    from bridge_freeze_harness.tiny import TINY_FAMILIES
+    """Refuse, before anything is imported or written, a family the flow cannot run here or a selection that
+    trains nothing."""
+    from bridge_freeze_harness.demo_flow import demo_families, demo_refusal
 
-    trainable = train.trainable_families()
-    if model not in trainable:
-        reason = train.cannot_train_reason(model) if model in TINY_FAMILIES else None
-        why = f" ({reason})" if reason else ""
-        raise CommandError(f"no demo training recipe for {model!r}{why}; choose one of: {', '.join(trainable)}")
+    reason = demo_refusal(model)
+    if reason is not None:
+        raise CommandError(f"the demo cannot run {model!r} here: {reason}; families it runs: "
+                           f"{', '.join(demo_families())}")
     refuse_nothing_to_train(selection, lora_rank)
 
 
-def _print_changes(model: Any, family: Any, trainable: set[str], changed: set[str]) -> None:
-    """The per-part table: tensors, trainable tensors, changed tensors."""
-    trains, changes = PartTally(), PartTally()
-    for name, param in model.named_parameters():
-        part = family.classify(name) if family is not None else None
-        trains.add(part, int(param.numel()), name in trainable)
-        changes.add(part, int(param.numel()), name in changed)
+def _workdir(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The work directory and whether it is a temporary one (removed at the end unless --keep)."""
+    if args.workdir is None:
+        return Path(tempfile.mkdtemp(prefix="bridge-freeze-demo-")), True
+    workdir = args.workdir.expanduser().resolve()
+    if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+        raise CommandError(f"--workdir {args.workdir} exists and is not an empty directory: the demo writes its "
+                           "checkpoints there; give a new or empty directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir, False
+
+
+@contextlib.contextmanager
+def _bridge_output_to(log: Path, level: int) -> Iterator[IO[str]]:
+    """Everything written to stdout / stderr (Bridge's prints, logs and warnings, at the file-descriptor level,
+    the checkpoint writer's process too) goes to ``log``; yields a stream to the real stderr for the progress.
+    With --log-level INFO / --debug nothing is redirected: Bridge's output shows on stderr."""
+    if level <= logging.INFO:
+        with quiet_third_party(level):
+            yield sys.stderr
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    progress = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    try:
+        with open(log, "w", encoding="utf-8") as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                with quiet_third_party(level):
+                    yield progress
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        progress.close()
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _print_table(tensors: list[Any]) -> None:
+    """Per part: exported HF tensors, those fed by a trainable Megatron parameter, those that changed."""
+    rows: dict[str, list[int]] = {p.value: [0, 0, 0] for p in SELECTABLE_PARTS}
+    for t in tensors:
+        row = rows.setdefault("other" if t.part is None else ("no-source" if t.part == "none" else t.part), [0, 0, 0])
+        row[0] += 1
+        row[1] += t.trainable
+        row[2] += t.changed
     out(f"  {'part':<18} {'tensors':>8} {'trainable':>10} {'changed':>8}")
-    for count, moved in zip(trains.parts(), changes.parts(), strict=True):
-        name = count.part.value if count.part is not None else "other"
-        out(f"  {name:<18} {count.total_tensors:>8} {count.trainable_tensors:>10} {moved.trainable_tensors:>8}")
+    for part, (total, trainable, changed) in rows.items():
+        if total or part in {p.value for p in SELECTABLE_PARTS}:
+            out(f"  {part:<18} {total:>8} {trainable:>10} {changed:>8}")
 
 
-def _lr_of(rates: dict[str, float]) -> Any:
-    """A parameter's learning rate: its part's (``bridge_freeze_part``, set by the freeze), else the global one."""
-    from bridge_freeze_plugin.build.freeze import PART_ATTR
-
-    return lambda param: rates.get(getattr(param, PART_ATTR, None), GLOBAL_LR)
-
-
-def _verdict(trainable: set[str], changed: set[str]) -> list[str]:
-    """The FAIL lines (none when exactly the tensors meant to change, ``trainable``, changed)."""
-    frozen_changed = sorted(changed - trainable)
-    trainable_unchanged = sorted(trainable - changed)
+def _verdict(tensors: list[Any]) -> list[str]:
+    """The FAIL lines (none when exactly the HF tensors fed by a parameter training at an LR above 0 changed)."""
+    unexpected = sorted(t.name for t in tensors if t.changed and not t.expected)
+    unchanged = sorted(t.name for t in tensors if t.expected and not t.changed)
     lines = []
-    if frozen_changed:
-        lines.append(f"FAIL: {len(frozen_changed)} frozen tensor(s) changed, e.g. {', '.join(frozen_changed[:5])}")
-    if trainable_unchanged:
-        lines.append(f"FAIL: {len(trainable_unchanged)} trainable tensor(s) did not change, "
-                     f"e.g. {', '.join(trainable_unchanged[:5])}")
+    if unexpected:
+        lines.append(f"FAIL: {len(unexpected)} HF tensor(s) changed that no parameter training at a learning rate "
+                     f"above 0 feeds, e.g. {', '.join(unexpected[:5])}")
+    if unchanged:
+        lines.append(f"FAIL: {len(unchanged)} HF tensor(s) fed by a trained parameter did not change, "
+                     f"e.g. {', '.join(unchanged[:5])}")
     return lines
 
 
+def _seconds(seconds: dict[str, float], total: float) -> str:
+    labels = {"start-up": "start-up (torch, transformers)", "import": "Bridge import", "checkpoint": "HF checkpoint",
+              "train": "load + finetune + save", "export": "HF export", "compare": "comparison"}
+    return ", ".join(f"{labels.get(k, k)} {v:.1f} s" for k, v in seconds.items()) + f"; total {total:.1f} s"
+
+
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     try:
-        import torch
+        import torch  # noqa: F401
         import transformers  # noqa: F401  (before quiet_third_party: it sets its loggers' levels on import)
 
-        from bridge_freeze_harness import train
-        from bridge_freeze_harness.tiny import build_tiny_chunks
-        from bridge_freeze_plugin import last_report, make_freezable
+        from bridge_freeze_harness import demo_flow
     except ImportError as exc:  # the demo needs the development stack (make demo installs it)
         raise CommandError(
             f"the demo needs torch and megatron-bridge ({exc}); run it through 'make demo', which sets them up"
@@ -151,39 +211,68 @@ def run(args: argparse.Namespace) -> int:
     selection = with_patterns(selection_from(args, PROJECTION_ONLY), args)
     _check_request(args.model, selection, args.lora_rank)
     rates = part_learning_rates(args, selection)
-    torch.manual_seed(args.seed)
-    started = time.perf_counter()
-    with quiet_third_party(logging.getLogger().getEffectiveLevel()):
-        provider = make_freezable(
-            train.make_provider(args.model, **(FULL_RECOMPUTE if args.recompute == "full" else {})), selection)
-        lora = make_lora(args)
-        if lora is not None:
-            provider.register_pre_wrap_hook(lora)
-        (model,) = build_tiny_chunks(args.model, provider=provider)
-    report = last_report(provider)
-    out(report.format() if report is not None else provider.freeze_report(model).format())
-    lr_of = _lr_of(rates)
+    check_lora_options(args)
+    workdir, temporary = _workdir(args)
+    keep = args.keep or not temporary
+    level = logging.getLogger().getEffectiveLevel()
+    log = workdir / BRIDGE_LOG
+    startup = time.perf_counter() - started
+    try:
+        with _bridge_output_to(log, level) as progress:
+            result = demo_flow.run_demo_flow(
+                args.model, workdir, selection=selection, steps=args.steps, seed=args.seed,
+                make_peft=lambda: make_lora(args), part_lrs=rates,
+                provider_fields=FULL_RECOMPUTE if args.recompute == "full" else None,
+                on_step=_Progress(args.steps, progress))
+    except BaseException as exc:
+        if level > logging.INFO and not isinstance(exc, BridgeFreezeError):  # Bridge's output is in the log
+            sys.stderr.write(f"bridge-freeze demo: Bridge's output is in {log} (work directory kept)\n")
+        elif not keep:  # a refusal (one line, exit 2) or the output went to stderr: nothing to keep
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    try:
+        result.seconds = {"start-up": startup, **result.seconds}
+        return _show(args, result, selection, rates, time.perf_counter() - started, keep)
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rates: dict[str, float],
+          total: float, keep: bool) -> int:
+    from bridge_freeze_harness.demo_flow import GLOBAL_LR
+    from bridge_freeze_harness.hf_checkpoint import hf_family
+
+    if result.report is not None:
+        out(result.report.format())
     if rates:
         out("learning rates: " + ", ".join(f"{p.value} {rates.get(p.value, GLOBAL_LR):g}" for p in SELECTABLE_PARTS)
             + f" (global {GLOBAL_LR:g})")
     out()
-
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    expected = {n for n, p in model.named_parameters() if p.requires_grad and lr_of(p) != 0.0}  # LR 0: unchanged
-    losses = train.train_steps(model, args.model, provider, steps=args.steps, seed=args.seed, lr=GLOBAL_LR,
-                               on_step=_Progress(args.steps), lr_of=lr_of)
-    changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
-    out(f"after {args.steps} AdamW steps (loss {losses[0]:.4f} -> {losses[-1]:.4f}): tensors changed, by part")
-    _print_changes(model, provider.freeze_family(), trainable, changed)
+    where = (lambda p: str(p)) if keep else (lambda p: str(p.relative_to(result.workdir)))
+    n = len(result.tensors)
+    out(f"1. tiny random HF checkpoint ({hf_family(args.model).model_class}, {n} tensors): {where(result.hf_dir)}")
+    out("2. AutoBridge.from_hf_pretrained -> to_megatron_provider(load_weights=True) -> the selection")
+    losses = " -> ".join(f"{loss:.4f}" for loss in (result.losses[:1] + result.losses[1:][-1:]))
+    out(f"3. Bridge's finetune(), {args.steps} iteration(s), loss {losses}; Bridge checkpoint: "
+        f"{where(result.checkpoint_dir)}")
+    out(f"4. bridge.save_hf_pretrained(model): {where(result.export_dir)}")
     out()
-    failures = _verdict(expected, changed)
+    out("exported HF tensors against the input checkpoint, by part (trainable: fed by a trainable parameter)")
+    _print_table(result.tensors)
+    out()
+    out(f"time: {_seconds(result.seconds, total)}")
+    if keep:
+        out(f"kept: {result.workdir} (Bridge's output: {result.workdir / BRIDGE_LOG})")
+    failures = _verdict(result.tensors)
     for line in failures:
         out(line)
     if failures:
         return EXIT_CHECK_FAILED
-    still = trainable - expected
-    held = f"; {len(still)} trainable at learning rate 0 stayed unchanged" if still else ""
-    out(f"OK: exactly the {len(expected)} tensors meant to change changed ({selection.describe()}{held}); "
-        f"{time.perf_counter() - started:.1f} s")
+    changed = sum(t.changed for t in result.tensors)
+    held = sum(t.trainable and not t.expected for t in result.tensors)
+    at_zero = f"; {held} trainable at learning rate 0 stayed bit-identical" if held else ""
+    lora = f" + LoRA rank {args.lora_rank}, merged" if args.lora_rank else ""
+    out(f"OK: exactly the {changed} HF tensors fed by a parameter training at a learning rate above 0 changed, the "
+        f"other {n - changed} are bit-identical to the input checkpoint ({selection.describe()}{lora}{at_zero})")
     return EXIT_OK

@@ -84,13 +84,23 @@ def refuse_nothing_to_train(selection: FreezeSelection, lora_rank: int) -> None:
         )
 
 
-def make_lora(args: argparse.Namespace) -> Any | None:
-    """Bridge's real LoRA for --lora-rank / --lora-target-modules (``None`` when --lora-rank is 0)."""
+def check_lora_options(args: argparse.Namespace) -> None:
+    """Refuse --lora-target-modules without --lora-rank, and targets Bridge's matcher cannot take (no import)."""
     if not args.lora_rank:
         if args.lora_target_modules:
             raise CommandError("--lora-target-modules needs --lora-rank N (N > 0)")
-        return None
+        return
     check_lora_targets(args.lora_target_modules or (), "--lora-target-modules")  # Bridge matches them as regexes
+
+
+def make_lora(args: argparse.Namespace) -> Any | None:
+    """Bridge's real LoRA for --lora-rank / --lora-target-modules (``None`` when --lora-rank is 0).
+
+    Imports Bridge's PEFT package: on a machine without TransformerEngine, import Bridge through the CPU harness
+    first (``bridge_freeze_harness.cpu_runtime.import_bridge``)."""
+    check_lora_options(args)
+    if not args.lora_rank:
+        return None
     from megatron.bridge.peft.lora import LoRA
 
     lora = LoRA(dim=args.lora_rank, alpha=2 * args.lora_rank)
