@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import re
 from typing import Any
 
 from bridge_freeze_plugin.cli._common import (
@@ -43,8 +44,10 @@ _EPILOG = (
     "  bridge-freeze plan qwen3_vl --tiny --freeze-language-model --freeze-vision-model --lora-rank 8 "
     "--lora-target-modules linear_qkv linear_proj\n"
     "  bridge-freeze plan qwen3_vl --tiny --freeze-language-model --train 'language_model\\.decoder\\.layers\\.1'\n\n"
-    "MODEL is a family name (bridge-freeze families) or a provider class name. Figures are for the\n"
-    "whole model (tensor/pipeline/expert parallel size 1). The --json document is described in\n"
+    "  bridge-freeze plan --hf-config Qwen3-VL-235B-A22B-Instruct --tp 4 --pp 8 --ep 8 --dp 8 \\\n"
+    "      --use-distributed-optimizer --recompute-granularity full --gpu-memory 141GB\n\n"
+    "MODEL is a family name (bridge-freeze families) or a provider class name. The part figures are\n"
+    "for the whole model; the per-rank figures (layout options) for each GPU. The --json document is described in\n"
     "docs/cli.md. A config.json is checked before the build (JSON object, model_type, positive sizes,\n"
     "build size: --max-layer-blocks); each refusal names the file, the key and the fix."
 )
@@ -77,9 +80,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     est.add_argument("--state-dtype", choices=dtypes, default="fp32",
                      help="optimizer state tensors (default fp32); an fp32 master copy is added "
                           "unless --param-dtype fp32")
-    est.add_argument("--dp-size", type=bounded_int(1), default=1,
-                     help="data-parallel ranks the distributed optimizer shards optimizer state over, "
-                          "at least 1 (default 1)")
+    est.add_argument("--dp-size", type=bounded_int(1), default=None,
+                     help="the part table only: data-parallel ranks the distributed optimizer shards optimizer "
+                          "state over, at least 1 (default 1; with --use-distributed-optimizer: --dp)")
+    layout = plan.add_argument_group(
+        "parallel layout (per-rank figures; Megatron's own option names)",
+        "Each distinct rank position (tp, pp, ep) is built for real on the meta device; data-parallel "
+        "replicas are identical. Without these options: one GPU holds the whole model.")
+    size = bounded_int(1)
+    layout.add_argument("--tensor-model-parallel-size", "--tp", dest="tp", metavar="N", type=size, default=1,
+                        help="tensor-parallel size (default 1)")
+    layout.add_argument("--pipeline-model-parallel-size", "--pp", dest="pp", metavar="N", type=size, default=1,
+                        help="pipeline-parallel size (default 1)")
+    layout.add_argument("--virtual-pipeline-model-parallel-size", "--vp", dest="vp", metavar="N", type=size,
+                        default=None, help="virtual pipeline stages per pipeline rank (interleaved schedule)")
+    layout.add_argument("--expert-model-parallel-size", "--ep", dest="ep", metavar="N", type=size, default=1,
+                        help="expert-parallel size (default 1)")
+    layout.add_argument("--expert-tensor-parallel-size", "--etp", dest="etp", metavar="N", type=size,
+                        default=None, help="expert-tensor-parallel size (default: the tensor-parallel size)")
+    layout.add_argument("--data-parallel-size", "--dp", dest="dp", metavar="N", type=size, default=None,
+                        help="data-parallel size (default: the smallest the expert layout allows)")
+    layout.add_argument("--decoder-first-pipeline-num-layers", dest="first_stage_layers", metavar="N", type=size,
+                        default=None, help="language-model layers on the first pipeline stage (uneven pipelines)")
+    layout.add_argument("--decoder-last-pipeline-num-layers", dest="last_stage_layers", metavar="N", type=size,
+                        default=None, help="language-model layers on the last pipeline stage (uneven pipelines)")
+    layout.add_argument("--use-distributed-optimizer", action="store_true",
+                        help="shard the optimizer state (fp32 master weights included) over data-parallel ranks "
+                             "as megatron-core's distributed optimizer does")
+    act = plan.add_argument_group("activation estimate (per micro-batch, per rank)")
+    act.add_argument("--seq-length", metavar="N", type=size, default=4096, help="sequence length (default 4096)")
+    act.add_argument("--micro-batch-size", metavar="N", type=size, default=1, help="micro-batch size (default 1)")
+    act.add_argument("--vision-tokens", metavar="N", type=bounded_int(0), default=None,
+                     help="patches the vision encoder sees per sample, before any merge (default: --seq-length; "
+                          "0: text only)")
+    act.add_argument("--recompute-granularity", choices=["none", "selective", "full"], default=None,
+                     help="activation recompute (default: the model's own setting); full recompute on an "
+                          "affected family keeps the vision encoder's activations, as the plugin's fix does")
+    act.add_argument("--gpu-memory", metavar="SIZE", type=_memory_size, default=None,
+                     help="one GPU's memory, e.g. 80GiB, 141GB or 80 (GiB): says whether the largest rank fits")
     plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0), default=DEFAULT_MAX_LAYER_BLOCKS,
                       help="refuse an --hf-config whose build is larger than N layer blocks: layers x (1 + "
                            f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about twice the "
@@ -88,6 +126,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="machine-readable output, including every parameter (schema: docs/cli.md)")
     finish_subcommand(plan, run)
     return plan
+
+
+_UNITS = {"": 2**30, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _memory_size(text: str) -> int:
+    """``80GiB`` / ``141GB`` / ``80`` (GiB) -> bytes; an argparse usage error otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a memory size such as 80GiB, 141GB or 80 (GiB), got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def _human_bytes(n: int) -> str:
@@ -152,20 +203,29 @@ def _print_table(result: Any) -> None:
     out()
     out(f"saved by freezing: {_human_bytes(total.saved_bytes)} of the {_human_bytes(full)} of gradient buffer + "
         f"optimizer state a full fine-tune would hold ({pct:.1f}%)")
-    out("figures are for the whole model (tensor/pipeline/expert parallel size 1): each model-parallel "
-        "rank holds its share; --json lists every parameter")
+    out("the part figures are for the whole model (tensor/pipeline/expert parallel size 1); --json lists every "
+        "parameter")
 
 
 def run(args: argparse.Namespace) -> int:
     from bridge_freeze_plugin import planning
 
+    layout = planning.Layout(tp=args.tp, pp=args.pp, vp=args.vp, ep=args.ep, etp=args.etp, dp=args.dp,
+                             use_distributed_optimizer=args.use_distributed_optimizer,
+                             first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers)
+    sharded = layout.data_parallel if layout.use_distributed_optimizer else 1
+    if args.dp_size is not None and args.use_distributed_optimizer and args.dp_size != sharded:
+        raise CommandError(f"--dp-size {args.dp_size} and the layout's distributed optimizer over "
+                           f"{sharded} data-parallel ranks disagree: give one of them")
     assumptions = planning.MemoryAssumptions(
         param_dtype=args.param_dtype,
         grad_dtype=args.grad_dtype,
         optimizer=args.optimizer,
         state_dtype=args.state_dtype,
-        dp_size=args.dp_size,
+        dp_size=args.dp_size if args.dp_size is not None else sharded,
     )
+    activation = planning.ActivationSettings(seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+                                             vision_tokens=args.vision_tokens, recompute=args.recompute_granularity)
     _check_request(args)
     selection = with_patterns(selection_from(args), args)
     refuse_nothing_to_train(selection, args.lora_rank)
@@ -177,9 +237,51 @@ def run(args: argparse.Namespace) -> int:
     with quiet_third_party(logging.getLogger().getEffectiveLevel()):
         result = planning.plan_model(args.model, selection, assumptions, tiny=args.tiny,
                                      hf_config=args.hf_config, max_layer_blocks=args.max_layer_blocks,
-                                     lora=(lambda _provider: make_lora(args)) if args.lora_rank else None)
+                                     lora=(lambda _provider: make_lora(args)) if args.lora_rank else None,
+                                     layout=layout, activation=activation)
     if args.json:
-        out(result.to_json())
+        document = result.as_dict()
+        if args.gpu_memory is not None:
+            largest = result.largest_rank()
+            document["gpu_memory"] = {"bytes": args.gpu_memory,
+                                      "largest_rank_fits": largest.total_bytes <= args.gpu_memory}
+        import json
+
+        out(json.dumps(document, indent=2, sort_keys=True))
     else:
         _print_table(result)
+        _print_ranks(result, args.gpu_memory)
     return EXIT_OK
+
+
+def _print_ranks(result: Any, gpu_memory: int | None) -> None:
+    """The per-rank summary: the largest rank, whether it fits, one row per pipeline stage."""
+    layout, act = result.layout, result.activation
+    largest = result.largest_rank()
+    vision = f", {act['vision_tokens']:,} vision patches per sample" if act["vision_tokens"] else ", text only"
+    out()
+    out(f"per GPU under {layout.describe()}; activations for sequence {act['seq_length']:,} x micro-batch "
+        f"{act['micro_batch_size']}, recompute {act['recompute']}{vision} (built per rank in "
+        f"{result.per_rank_seconds:.1f} s):")
+    fits = ""
+    if gpu_memory is not None:
+        verdict = "fits in" if largest.total_bytes <= gpu_memory else "does NOT fit in"
+        fits = f": {verdict} --gpu-memory {_human_bytes(gpu_memory)}"
+    out(f"largest rank (tp {largest.tp}, pp {largest.pp}, ep {largest.ep}): {largest.parameters:,} parameters "
+        f"({largest.trainable:,} trainable), weights {_human_bytes(largest.weight_bytes)} + gradients "
+        f"{_human_bytes(largest.grad_bytes)} + optimizer {_human_bytes(largest.optimizer_bytes)} + activations "
+        f"{_human_bytes(largest.activation_bytes)} x {largest.in_flight_micro_batches:g} micro-batches in flight "
+        f"= {_human_bytes(largest.total_bytes)}{fits}")
+    stages: dict[int, Any] = {}
+    for rank in result.per_rank:
+        if rank.pp not in stages or rank.total_bytes > stages[rank.pp].total_bytes:
+            stages[rank.pp] = rank
+    if len(stages) > 1 or layout.ep > 1 or layout.tp > 1:
+        out(f"  {'pp':>3} {'parameters':>15} {'trainable':>15} {'weights':>10} {'gradients':>10} {'optimizer':>10} "
+            f"{'act/mbatch':>10} {'in flight':>9} {'total':>10}")
+        for pp, rank in sorted(stages.items()):
+            out(f"  {pp:>3} {rank.parameters:>15,} {rank.trainable:>15,} {_human_bytes(rank.weight_bytes):>10} "
+                f"{_human_bytes(rank.grad_bytes):>10} {_human_bytes(rank.optimizer_bytes):>10} "
+                f"{_human_bytes(rank.activation_bytes):>10} {rank.in_flight_micro_batches:>9g} "
+                f"{_human_bytes(rank.total_bytes):>10}")
+        out("  (the largest rank of each pipeline stage; --json lists every (tp, pp, ep) rank position)")

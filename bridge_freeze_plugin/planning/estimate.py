@@ -11,8 +11,9 @@ Pure arithmetic (no torch, no Bridge). What a training run holds per part:
   Megatron's distributed optimizer shards this state (master copy included) over the
   data-parallel ranks: ``dp_size`` divides it (the gradient buffer is not sharded).
 
-Counts are for the whole model (tensor / pipeline / expert parallel size 1); the per-part counting is
-:mod:`bridge_freeze_plugin.counting`'s.
+Part counts are for the whole model (tensor / pipeline / expert parallel size 1); the per-part counting is
+:mod:`bridge_freeze_plugin.counting`'s. What each GPU holds under a parallel layout (``Plan.per_rank``) comes
+from real per-rank builds (:mod:`.per_rank`).
 """
 
 from __future__ import annotations
@@ -199,6 +200,15 @@ class Plan:
     total: PlanPart
     params: tuple[ParamInfo, ...] = field(repr=False)
     build_seconds: float = 0.0
+    #: the parallel layout, the activation assumptions and each rank position's figures (see per_rank.py)
+    layout: Any = None
+    activation: dict[str, Any] | None = None
+    per_rank: tuple[Any, ...] = ()
+    per_rank_seconds: float = 0.0
+
+    def largest_rank(self) -> Any:
+        """The rank position holding the most bytes (weights + gradients + optimizer + peak activations)."""
+        return max(self.per_rank, key=lambda r: (r.total_bytes, -r.pp, -r.tp, -r.ep)) if self.per_rank else None
 
     def as_dict(self, *, with_params: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -217,6 +227,10 @@ class Plan:
             "parts": [p.as_dict() for p in self.parts],
             "total": self.total.as_dict(),
         }
+        if self.layout is not None:
+            out["layout"] = self.layout.as_dict()
+            out["activation"] = self.activation
+            out["per_rank"] = [r.as_dict() for r in self.per_rank]
         if with_params:
             out["parameters"] = [p.as_dict() for p in self.params]
         return out
@@ -236,6 +250,10 @@ def make_plan(
     config_path: str | None = None,
     model_name: str | None = None,
     build_seconds: float = 0.0,
+    layout: Any = None,
+    activation: dict[str, Any] | None = None,
+    per_rank: tuple[Any, ...] = (),
+    per_rank_seconds: float = 0.0,
 ) -> Plan:
     """Aggregate per-parameter records into per-part counts and byte estimates."""
     params = tuple(params)
@@ -254,4 +272,8 @@ def make_plan(
         total=PlanPart(tally.total(), assumptions),
         params=params,
         build_seconds=build_seconds,
+        layout=layout,
+        activation=activation,
+        per_rank=tuple(per_rank),
+        per_rank_seconds=per_rank_seconds,
     )

@@ -18,6 +18,7 @@ from typing import Any
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
 from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 from bridge_freeze_plugin.planning.estimate import MemoryAssumptions, ParamInfo, Plan, make_plan
+from bridge_freeze_plugin.planning.layout import Layout
 from bridge_freeze_plugin.planning.models import (
     convert_hf_config,
     error_line,
@@ -25,6 +26,7 @@ from bridge_freeze_plugin.planning.models import (
     resolve_model,
     tiny_provider,
 )
+from bridge_freeze_plugin.planning.per_rank import _LM_LAYER, ActivationSettings, plan_ranks
 from bridge_freeze_plugin.provider import model_name_of, provider_label
 from bridge_freeze_plugin.registry import FamilySpec, family_for_provider, list_families
 from bridge_freeze_plugin.selection import FreezeSelection, Part
@@ -39,6 +41,7 @@ class _Chosen:
     source: str  # "tiny" or "hf-config"
     config_path: str | None
     tiny_name: str | None  # the tiny configuration (source "tiny" only)
+    hf_config: tuple[Any, Path] | None = None  # the read config and its file (source "hf-config" only)
 
 
 def collect_params(model: Any, family: FamilySpec, base_names: frozenset[str] | None = None) -> list[ParamInfo]:
@@ -141,7 +144,7 @@ def _from_hf_config(model: str | None, family: FamilySpec | None, hf_config: Any
             f"{config_path} is a {found.name} model ({type(provider).__name__}), "
             f"but MODEL {model!r} is family {family.name!r}"
         )
-    return _Chosen(provider, found, "hf-config", config_path, None)
+    return _Chosen(provider, found, "hf-config", config_path, None, (hf_config, cfg_file))
 
 
 def _choose(
@@ -171,15 +174,21 @@ def plan_model(
     hf_config: str | os.PathLike[str] | None = None,
     max_layer_blocks: int = DEFAULT_MAX_LAYER_BLOCKS,
     lora: Callable[[Any], Any] | None = None,
+    layout: Layout | None = None,
+    activation: ActivationSettings | None = None,
 ) -> Plan:
     """Build ``model`` (family / provider class name) on the meta device with ``selection``; the plan.
 
     ``model`` may be ``None`` with ``hf_config``: the family is then the one of the converted provider.
     ``max_layer_blocks``: refuse an ``hf_config`` whose build is larger (:mod:`.config_checks`; 0: no limit).
     ``lora``: makes the PEFT object (called once Bridge is imported) whose adapters the plan counts.
+    ``layout``: the parallel layout whose ranks get per-rank figures (``None``: one rank, no parallelism);
+    ``activation``: what the activation estimate assumes (sequence length, micro-batch, recompute).
     """
     from bridge_freeze_plugin import make_freezable
 
+    layout = layout if layout is not None else Layout()
+    activation = activation if activation is not None else ActivationSettings()
     chosen = _choose(model, tiny=tiny, hf_config=hf_config, max_layer_blocks=max_layer_blocks)
     provider_name = provider_label(chosen.provider)
     make_freezable(chosen.provider, selection)
@@ -193,8 +202,22 @@ def plan_model(
     except Exception as exc:  # a failing Bridge build becomes one readable line
         raise PlanError(f"building {provider_name} on the meta device failed: {error_line(exc)}") from exc
     seconds = time.perf_counter() - started
+    params = collect_params(built, chosen.family, base_names)
+    started = time.perf_counter()
+    if layout.world_size > 1:
+        ranks, recompute = _per_rank(chosen, selection, assumptions, layout, activation, lora)
+    else:
+        ranks, recompute = _single_rank(chosen, selection, params, assumptions, activation)
+    settings = {
+        "seq_length": activation.seq_length,
+        "micro_batch_size": activation.micro_batch_size,
+        "vision_tokens": activation.patches,
+        "recompute": recompute,
+        "activation_dtype": assumptions.param_dtype,
+        "sequence_parallel": layout.tp > 1,
+    }
     return make_plan(
-        collect_params(built, chosen.family, base_names),
+        params,
         family=chosen.family.name,
         provider=provider_name,
         selection=selection,
@@ -203,4 +226,76 @@ def plan_model(
         config_path=chosen.config_path,
         model_name=f"tiny:{chosen.tiny_name}" if chosen.tiny_name else model_name_of(chosen.provider),
         build_seconds=seconds,
+        layout=layout,
+        activation=settings,
+        per_rank=ranks,
+        per_rank_seconds=time.perf_counter() - started,
     )
+
+
+def _provider_factory(chosen: _Chosen) -> Callable[[], Any]:
+    """A fresh provider of the chosen model per call (each per-rank build mutates its own)."""
+    if chosen.tiny_name is not None:
+        from bridge_freeze_harness.tiny import make_provider
+
+        name = chosen.tiny_name
+        return lambda: make_provider(name)
+    hf_config, cfg_file = chosen.hf_config
+    return lambda: convert_hf_config(hf_config, cfg_file)
+
+
+def _per_rank(
+    chosen: _Chosen, selection: FreezeSelection, assumptions: MemoryAssumptions, layout: Layout,
+    activation: ActivationSettings, lora: Callable[[Any], Any] | None,
+) -> tuple[list[Any], str]:
+    from bridge_freeze_plugin import make_freezable
+
+    def prepare(provider: Any) -> None:
+        make_freezable(provider, selection)
+        if lora is not None:
+            provider.register_pre_wrap_hook(lora(provider))
+
+    return plan_ranks(
+        _provider_factory(chosen), layout, family=chosen.family, selection=selection, assumptions=assumptions,
+        settings=activation, build_context=lambda: _build_context(chosen.family.name, chosen.tiny_name),
+        prepare=prepare,
+        distinct_experts=bool(selection.train_patterns or selection.freeze_patterns) or lora is not None,
+    )
+
+
+def _single_rank(
+    chosen: _Chosen, selection: FreezeSelection, params: list[ParamInfo], assumptions: MemoryAssumptions,
+    activation: ActivationSettings,
+) -> tuple[list[Any], str]:
+    """One GPU holding the whole model (no parallelism): the figures from the whole-model build."""
+    from bridge_freeze_plugin.planning.activations import StageLayers, micro_batch_bytes, vision_depth
+    from bridge_freeze_plugin.planning.per_rank import RankFigures, activation_model
+
+    layout = Layout()
+    provider = chosen.provider
+    recompute = activation.recompute or (getattr(provider, "recompute_granularity", None) or "none")
+    total = sum(p.numel for p in params)
+    trainable = sum(p.numel for p in params if p.trainable)
+    layers: dict[str, bool] = {}
+    for p in params:
+        found = _LM_LAYER.search(p.name)
+        if found:
+            key = p.name[: found.end()]
+            layers[key] = layers.get(key, False) or ".mlp.experts." in p.name or ".mlp.router." in p.name
+    moe = sum(layers.values())
+    has_vision = any(p.part is Part.VISION_MODEL for p in params)
+    depth = vision_depth(getattr(provider, "vision_config", None)) if has_vision else 0
+    stage = StageLayers(dense_layers=len(layers) - moe, moe_layers=moe, vision_layers=depth,
+                        first_stage=True, last_stage=True)
+    model = activation_model(provider, layout, chosen.family, selection, recompute)
+    act = micro_batch_bytes(model, stage, seq_length=activation.seq_length,
+                            micro_batch_size=activation.micro_batch_size, vision_tokens=activation.patches,
+                            recompute=recompute, elem=assumptions.param_bytes)
+    figures = RankFigures(
+        tp=0, pp=0, ep=0, parameters=total, trainable=trainable,
+        weight_bytes=total * assumptions.param_bytes, grad_bytes=trainable * assumptions.grad_bytes,
+        optimizer_bytes=-(-trainable * assumptions.optimizer_bytes // assumptions.dp_size),
+        activation_bytes=act, in_flight_micro_batches=1.0,
+        dense_layers=stage.dense_layers, moe_layers=moe, vision_layers=depth,
+    )
+    return [figures], recompute
