@@ -10,18 +10,18 @@ conflicts with, and the fix. Documented in ``docs/configuration.md``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bridge_freeze_plugin.config.family import import_target, importable_target
-from bridge_freeze_plugin.config.reading import RunSettings, join_problems
+from bridge_freeze_plugin.config.reading import LoraSettings, RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.provider import resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection, Part
+from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS, FreezeSelection, Part
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -139,6 +139,24 @@ def language_model_only_agrees(s: RunSettings) -> list[str]:
     ]
 
 
+def part_freezing_hooks_agree(s: RunSettings) -> list[str]:
+    """A trainer's own hook that freezes whole parts (NeMo-RL's ``freeze_config``) next to the flags: the build
+    refuses a pre-wrap hook that freezes a part the flags train, so the config does."""
+    if not s.selection.any_set:
+        return []
+    trained = {part.value for part in s.selection.trained_parts()}
+    out = []
+    for own in s.own_freeze:
+        part = own.name.removeprefix("freeze_")
+        if own.setting.freezes_parts and own.value is True and own.name in FLAGS and part in trained:
+            out.append(
+                f"{own.key}=true: {own.setting.by} freezes the {part} whole, but {asked(s)} trains it: the build "
+                f"refuses a pre-wrap hook that freezes a part the flags train (FreezeGuaranteeError). Set "
+                f"{s.key_of(own.name)}=true instead and remove {own.key}, or set it false."
+            )
+    return out
+
+
 #: The config rules, in the order their problems are listed.
 CONFIG_RULES: tuple[Rule, ...] = (
     reference_model_never_trains,
@@ -148,6 +166,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
     all_three_frozen_needs_lora,
     lora_with_partial_selection,
     language_model_only_agrees,
+    part_freezing_hooks_agree,
 )
 
 
@@ -234,6 +253,10 @@ def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part |
     return may, frozenset(certain)
 
 
+def _lora_section(s: RunSettings) -> str:
+    return (s.lora_rank.key or "lora.rank").rpartition(".")[0]
+
+
 def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None) -> list[str]:
     """A LoRA target that certainly reaches modules of a part trained at full rank: an overlap the build refuses.
 
@@ -244,9 +267,23 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
     training if adapters land on a full-rank parameter (logged here as a warning).
     """
     targets = s.lora.target_modules
-    if family is None or not s.lora.enabled or not s.selection.any_set or not targets:
+    if not s.lora.enabled or not s.selection.any_set:
         return []
     full_rank = {p for p in s.selection.trained_parts()}
+    if targets == () and not s.lora.exclude_modules and not s.selection.freeze_patterns:
+        # written empty: Bridge's LoRA wraps every linear module; the LM and the vision encoder certainly have some
+        hit = sorted(p.value for p in full_rank & ALL_LINEAR_PARTS)
+        if hit:
+            return [
+                f"{_lora_section(s)}.target_modules=[] (empty: Bridge's LoRA "
+                f"then wraps every linear module, less exclude_modules) puts adapters in {', '.join(hit)}, which "
+                f"{asked(s)} trains at full rank; a weight cannot train through an adapter and at full rank at "
+                "once, and the build would refuse it (LoraOverlapError). Name the targets in the frozen parts "
+                "(e.g. language_model.*linear_qkv), or set the flag of that part."
+            ]
+        return []
+    if family is None or not targets:
+        return []
     found, maybe = [], []
     for target in ([targets] if isinstance(targets, str) else list(targets)):
         reach = lora_target_parts(str(target), family)
@@ -267,12 +304,128 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
     if not found:
         return []
     return [
-        f"{s.lora_rank.key.removesuffix('rank')}target_modules {', '.join(found)}: LoRA would put adapters on "
+        f"{_lora_section(s)}.target_modules {', '.join(found)}: LoRA would put adapters on "
         f"modules of a part that {asked(s) or 'the selection'} trains at full rank (the "
         f"target reaches that part, as Bridge matches targets: the module's full name, '*' for any text), and a "
         f"weight cannot train through an adapter and at full rank at once; the build would refuse it "
         f"(LoraOverlapError). Scope those targets to the frozen parts, or set the flag of that part."
     ]
+
+
+#: The module Bridge's ``VLMLoRA`` freezes for each of its switches (an attribute of the model, below
+#: ``llava_model`` when the model has one: ``peft/lora.py`` ``VLMLoRA.freeze_model``).
+VLM_LORA_MODULES: dict[str, str] = {"freeze_vision_model": "vision_model",
+                                    "freeze_vision_projection": "vision_projection",
+                                    "freeze_language_model": "language_model"}
+
+
+@dataclass(frozen=True)
+class VlmLoraEffect:
+    """What ``VLMLoRA``'s switches freeze on one family's model."""
+
+    #: parts frozen whole, parts partly frozen
+    frozen: frozenset[Part]
+    partial: frozenset[Part]
+    #: the modules it freezes (``vision_model``...), and the switches whose module the model does not have
+    modules: tuple[str, ...]
+    missing: tuple[str, ...]
+
+
+def vlm_lora_effect(family: FamilySpec, switches: Mapping[str, bool]) -> VlmLoraEffect:
+    """What Bridge's ``VLMLoRA`` freezes on ``family``'s model, from the family's module prefixes.
+
+    ``VLMLoRA.freeze_model`` freezes, for each switch that is true, the model's attribute of that name (the
+    LLaVA layout's ``vision_model`` / ``vision_projection`` / ``language_model``, below ``llava_model`` when the
+    model has one); an attribute the model does not have fails with ``AttributeError``. Which of the plugin's
+    parts that covers follows from the family's prefixes (``vision_model`` covers Qwen3-VL's projection
+    ``vision_model.merger`` too).
+    """
+    every = [prefix for part in (*SELECTABLE_PARTS, Part.OTHER) for prefix in family.prefixes(part)]
+    root = "llava_model." if any(p == "llava_model" or p.startswith("llava_model.") for p in every) else ""
+    modules, missing = [], []
+    for switch, attribute in VLM_LORA_MODULES.items():
+        if not switches.get(switch):
+            continue
+        module = root + attribute
+        if any(p == module or p.startswith(module + ".") for p in every):
+            modules.append(module)
+        else:
+            missing.append(switch)
+    frozen, partial = set(), set()
+    for part in SELECTABLE_PARTS:
+        prefixes = family.prefixes(part)
+        covered = [p for p in prefixes if any(p == m or p.startswith(m + ".") for m in modules)]
+        if covered and len(covered) == len(prefixes):
+            frozen.add(part)
+        elif covered:
+            partial.add(part)
+    return VlmLoraEffect(frozenset(frozen), frozenset(partial), tuple(modules), tuple(missing))
+
+
+def vlm_lora_switches(s: RunSettings, family: FamilySpec | None) -> list[str]:
+    """``VLMLoRA``'s own switches (``peft.freeze_*``): read when they mean what they say on this model, refused
+    with the reason when they cannot (a module the model lacks) or would be overruled (by the flags)."""
+    if s.vlm_lora is None:
+        return []
+    switches = {flag: bool(setting.value) for flag, setting in s.vlm_lora.items()}
+    written = ", ".join(f"{setting.key}={'true' if setting.value else 'false'}" for setting in s.vlm_lora.values())
+    if family is None:
+        if not s.selection.any_set:
+            return []  # the plugin is not asked: VLMLoRA decides (said in the summary)
+        return [f"{asked(s)} with VLMLoRA ({written}): the model family is unknown here, so what VLMLoRA's switches "
+                "freeze (they name the LLaVA layout's modules) cannot be compared with the flags. Name the family "
+                "(--family), or use megatron.bridge.peft.lora.LoRA, which has no switches of its own."]
+    effect = vlm_lora_effect(family, switches)
+    if effect.missing:
+        keys = ", ".join(s.vlm_lora[switch].key for switch in effect.missing)
+        modules = ", ".join(f"model.{VLM_LORA_MODULES[switch]}" for switch in effect.missing)
+        return [f"{keys}=true: VLMLoRA freezes {modules}, which the {family.name} model does not have (VLMLoRA "
+                f"names the LLaVA layout's modules), so Bridge's PEFT step would fail with AttributeError. Set "
+                f"{keys}: false, or use megatron.bridge.peft.lora.LoRA (with the plugin's flags model.freeze_* to "
+                "choose what trains at full rank)."]
+    if not s.selection.any_set:
+        return []
+    flagged = s.selection.frozen_parts()
+    differ = sorted({*(effect.frozen ^ flagged), *effect.partial}, key=SELECTABLE_PARTS.index)
+    if not differ:
+        return []
+    said = "; ".join(
+        f"{part.value}: {s.key_of(f'freeze_{part.value}')}={'true' if part in flagged else 'false'}, VLMLoRA "
+        + ("freezes it" if part in effect.frozen else "freezes part of it" if part in effect.partial
+           else "leaves it training")
+        for part in differ)
+    return [f"{asked(s)} with VLMLoRA ({written}): with the plugin's flags set, the flags decide what trains at "
+            f"full rank (the plugin restores its full-rank parts after Bridge's PEFT step), so VLMLoRA's switches "
+            f"would be overruled where they differ ({said}). Make them agree, or use "
+            "megatron.bridge.peft.lora.LoRA, which has no switches of its own."]
+
+
+#: Parts that always hold linear modules (an empty target list puts adapters there for certain); a projection may
+#: have none (Gemma 3's projector is a weight and a norm).
+ALL_LINEAR_PARTS = frozenset({Part.LANGUAGE_MODEL, Part.VISION_MODEL})
+
+
+def lora_adapter_parts(lora: LoraSettings, family: FamilySpec | None) -> dict[str, str]:
+    """Part -> whether LoRA's targets put adapters there: ``"yes"``, ``"may"`` (a leaf name, regex characters, the
+    family unknown: the built model tells), or ``"no"``."""
+    parts = [part.value for part in SELECTABLE_PARTS]
+    targets = lora.target_modules
+    if targets == ():  # written empty: Bridge's LoRA matches every linear module, less exclude_modules
+        return {part.value: "yes" if part in ALL_LINEAR_PARTS and not lora.exclude_modules else "may"
+                for part in SELECTABLE_PARTS}
+    if family is None or targets is None:
+        return dict.fromkeys(parts, "may")
+    found: dict[str, str] = dict.fromkeys(parts, "no")
+    for target in [targets] if isinstance(targets, str) else list(targets):
+        reach = lora_target_parts(str(target), family)
+        if reach is None:
+            return dict.fromkeys(parts, "may")
+        for part in reach[0] - {None}:
+            if found[part.value] == "no":
+                found[part.value] = "may"
+        for part in reach[1]:
+            found[part.value] = "yes"
+    return found
 
 
 def check(s: RunSettings) -> FreezeSelection:
@@ -281,7 +434,7 @@ def check(s: RunSettings) -> FreezeSelection:
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     family = supported_provider(s)
-    problems = lora_targets_avoid_full_rank_parts(s, family)
+    problems = vlm_lora_switches(s, family) + lora_targets_avoid_full_rank_parts(s, family)
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     full_recompute_rule(replace(s, family=family), family)

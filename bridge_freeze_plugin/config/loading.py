@@ -273,10 +273,14 @@ def apply_override(cfg: DictConfig, override: Override, provenance: Provenance) 
             f"change it (or ++{brief(bare)} to add or change)"
         )
     try:
-        merged = OmegaConf.merge(cfg, _nested(override.key, override.value))
+        try:
+            merged = OmegaConf.merge(cfg, _nested(override.key, override.value))
+        except TypeError:  # a mapping set to a list or back: replaced, as Hydra's OmegaConf.update replaces it
+            merged = cfg.copy()
+            OmegaConf.update(merged, override.key, override.value, merge=False, force_add=True)
     except RecursionError:
         raise ConfigLoadError(f"{label} cannot be applied: the config nests too deep") from None
-    except OmegaConfBaseException as exc:
+    except (OmegaConfBaseException, TypeError, ValueError) as exc:
         raise ConfigLoadError(f"{label} cannot be applied: {brief(exc)}") from exc
     assert isinstance(merged, DictConfig)
     provenance.record(override.key, override.value, override.label)

@@ -55,13 +55,17 @@ class LoraSettings:
 
     rank: int = 0
     alpha: float | None = None
+    #: ``None``: not written (Bridge's LoRA default, four leaf names); ``()``: written empty (Bridge's LoRA then
+    #: matches every linear module, less ``exclude_modules``)
     target_modules: tuple[str, ...] | str | None = None
+    exclude_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
             raise InvalidFreezeConfigError(f"LoRA rank must be a non-negative integer (0: LoRA off), got {self.rank!r}")
         if isinstance(self.target_modules, list):
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        object.__setattr__(self, "exclude_modules", tuple(self.exclude_modules or ()))
 
     @property
     def enabled(self) -> bool:
@@ -336,8 +340,11 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
         malformed.append(f"{layout.lora}.target_modules must be a module name or a list of them, got "
                          f"{brief(repr(target))} ({type_label(target)})")
         target = None
+    exclude = lora.get("exclude_modules")
+    exclude = [exclude] if isinstance(exclude, str) else exclude if isinstance(exclude, list) else []
     settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
-                            target_modules=tuple(target) if isinstance(target, list) else target)
+                            target_modules=tuple(target) if isinstance(target, list) else target,
+                            exclude_modules=tuple(str(e) for e in exclude))
     return settings, Setting(rank, key, source(key))
 
 

@@ -234,3 +234,129 @@ def test_a_detected_layout_reports_each_freeze_key_it_does_not_read(capsys):
     # forced, the same keys are an error
     code, _, err = check(capsys, RL_FILE, "--rl", *stray)
     assert code == 2 and "data.freeze_vision_tower=true, trainer.critic.freeze_moe_router=false" in err
+
+
+# ---- issue 28 item 6: the summary reflects LoRA; VLMLoRA's own switches read or refused -----------------------
+
+QWEN3 = "megatron.bridge.models.qwen_vl.qwen3_vl_provider.Qwen3VLModelProvider"
+NEMOTRON_VL = "megatron.bridge.models.nemotron_vl.nemotron_vl_provider.NemotronVLModelProvider"
+VLM_LORA = ["+peft._target_=megatron.bridge.peft.lora.VLMLoRA", "+peft.dim=4"]
+PARTS = ["language_model", "vision_model", "vision_projection"]
+
+
+def test_plain_lora_trains_adapters_only_and_says_so(capsys):
+    """Before: "trains: language_model, vision_model, vision_projection; frozen: nothing" with model.lora.rank=16."""
+    doc = check_json(capsys, SFT_FILE, "model.lora.rank=16")
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == [] and doc["frozen_parts"] == PARTS
+    assert doc["lora"]["rank"] == 16 and doc["lora"]["decided_by"].startswith("LoRA alone (no flag)")
+    _, out, _ = check(capsys, SFT_FILE, "model.lora.rank=16")
+    assert "trains: LoRA adapters only (where target_modules reach); frozen: language_model, vision_model, " \
+           "vision_projection (base weights)" in out
+
+
+def test_lora_with_flags_says_adapters_per_part_and_the_full_rank_parts(capsys):
+    overrides = ["model.lora.rank=8", "model.lora.target_modules=[language_model.*linear_qkv]",
+                 "megatron_config.freeze_language_model=true", "--family", "qwen3_vl"]
+    doc = check_json(capsys, SFT_FILE, *overrides)
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == ["vision_model", "vision_projection"] and doc["frozen_parts"] == ["language_model"]
+    assert doc["lora"]["adapters"] == {"language_model": "yes", "vision_model": "no", "vision_projection": "no"}
+    _, out, _ = check(capsys, SFT_FILE, *overrides)
+    assert "trains: vision_model, vision_projection at full rank, and LoRA adapters" in out
+    assert "adapters in language_model: yes; vision_model: no; vision_projection: no" in out
+
+
+def test_bridges_peft_file_summary_agrees_with_what_bridge_saved(capsys):
+    """The Bridge-written PEFT file: adapters in the LM only, the vision parts at full rank (what params_to_save
+    holds: test_bridges_peft_run_config_is_read_with_its_set_of_saved_names)."""
+    doc = check_json(capsys, PEFT_FILE)
+    assert doc["trained_parts"] == ["vision_model", "vision_projection"] and doc["frozen_parts"] == ["language_model"]
+    assert doc["lora"]["adapters"] == {"language_model": "yes", "vision_model": "no", "vision_projection": "no"}
+
+
+def test_empty_lora_targets_next_to_a_full_rank_part_are_refused():
+    """Bridge's LoRA with target_modules=[] wraps every linear module: the full-rank LM would get adapters."""
+    with pytest.raises(InvalidFreezeConfigError, match=r"peft\.target_modules=\[\] .*language_model"):
+        load_run(BRIDGE_FILE, ["+peft._target_=megatron.bridge.peft.lora.LoRA", "+peft.dim=4",
+                               "+peft.target_modules=[]", "model.freeze_vision_model=True"]).validate()
+
+
+def test_a_freeze_switch_on_plain_lora_is_refused_naming_the_flag():
+    """Bridge's LoRA has no such field (only VLMLoRA does): the run would drop it."""
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(BRIDGE_FILE, ["+peft._target_=megatron.bridge.peft.lora.LoRA", "+peft.dim=4",
+                               "+peft.freeze_vision_model=true"]).validate()
+    assert "peft.freeze_vision_model is not read" in str(err.value) and "model.freeze_vision_model" in str(err.value)
+
+
+@pytest.mark.parametrize(("target", "switches", "trained", "frozen"), [
+    # Nemotron-VL: the LLaVA layout (llava_model.vision_model / vision_projection / language_model): one switch
+    # per part (VLMLoRA.freeze_model unwraps llava_model)
+    (NEMOTRON_VL, {"freeze_vision_model": False}, ["vision_model"], ["language_model", "vision_projection"]),
+    (NEMOTRON_VL, {}, [], PARTS),
+    # Qwen3-VL: no vision_projection attribute; vision_model holds the projection (its merger) too
+    (QWEN3, {"freeze_vision_projection": False, "freeze_vision_model": False}, ["vision_model", "vision_projection"],
+     ["language_model"]),
+    (QWEN3, {"freeze_vision_projection": False}, [], PARTS),
+])
+def test_vlm_loras_switches_are_read_without_flags(capsys, target, switches, trained, frozen):
+    overrides = [f"model._target_={target}", *VLM_LORA, *(f"+peft.{k}={str(v).lower()}" for k, v in switches.items())]
+    doc = check_json(capsys, BRIDGE_FILE, *overrides)
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == trained and doc["frozen_parts"] == frozen
+    assert doc["lora"]["switches"] == {"freeze_language_model": True, "freeze_vision_model": True,
+                                       "freeze_vision_projection": True, **switches}
+
+
+def test_vlm_lora_on_a_model_without_its_module_is_refused_as_bridge_would_fail():
+    with pytest.raises(InvalidFreezeConfigError, match=r"peft\.freeze_vision_projection=true: VLMLoRA freezes "
+                                                       r"model\.vision_projection, which the qwen3_vl model"):
+        load_run(BRIDGE_FILE, VLM_LORA).validate()
+
+
+def test_vlm_lora_switches_that_the_flags_would_overrule_are_refused():
+    overrides = [*VLM_LORA, "+peft.freeze_vision_projection=false", "model.freeze_vision_model=True",
+                 "model.freeze_language_model=True"]
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(BRIDGE_FILE, overrides).validate()
+    assert "would be overruled where they differ (vision_projection: model.freeze_vision_projection=false, " \
+           "VLMLoRA freezes it)" in str(err.value)
+    # agreeing: accepted
+    agreeing = [*VLM_LORA, "+peft.freeze_vision_projection=false", "+peft.freeze_vision_model=false",
+                "model.freeze_language_model=True"]
+    assert load_run(BRIDGE_FILE, agreeing).validate() == FreezeSelection(freeze_language_model=True)
+
+
+def test_what_check_config_says_of_vlm_lora_is_what_bridge_builds(cpu_bridge, capsys):
+    """Real builds (tiny Qwen3-VL, Bridge's VLMLoRA applied by Bridge's PEFT step): the parts whose base weights
+    train are the ones check-config names, and the refused default fails as it says."""
+    import functools
+
+    from megatron.bridge.peft.lora import VLMLoRA
+    from megatron.bridge.training.setup import _apply_peft_transformation
+
+    from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
+    from bridge_freeze_plugin import make_freezable
+
+    def trained_bases(selection, **switches):
+        provider = make_freezable(make_provider("qwen3_vl"), selection)
+        peft = VLMLoRA(target_modules=["language_model.*linear_qkv"], dim=4, alpha=8, **switches)
+        provider.register_pre_wrap_hook(functools.partial(_apply_peft_transformation, peft))
+        chunks = build_tiny_chunks("qwen3_vl", provider)
+        names = {n for chunk in chunks for n, p in chunk.named_parameters() if p.requires_grad and ".adapter." not in n}
+        return {"vision_projection" if ".merger" in n else n.split(".")[0] for n in names}
+
+    with pytest.raises(AttributeError, match="vision_projection"):
+        trained_bases(FreezeSelection())
+    for selection, switches, flags in [
+        (FreezeSelection(), {"freeze_vision_projection": False}, []),
+        (FreezeSelection(), {"freeze_vision_projection": False, "freeze_vision_model": False}, []),
+        (FreezeSelection(freeze_language_model=True), {"freeze_vision_projection": False,
+                                                       "freeze_vision_model": False},
+         ["model.freeze_language_model=True"]),
+    ]:
+        capsys.readouterr()  # what the last build printed
+        doc = check_json(capsys, BRIDGE_FILE, *VLM_LORA, *(f"+peft.{k}=false" for k in switches), *flags)
+        assert doc["valid"], doc["error"]
+        assert trained_bases(selection, **switches) == set(doc["trained_parts"]), switches
