@@ -246,8 +246,11 @@ def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rat
     if result.report is not None:
         out(result.report.format())
     if rates:
-        out("learning rates: " + ", ".join(f"{p.value} {rates.get(p.value, GLOBAL_LR):g}" for p in SELECTABLE_PARTS)
-            + f" (global {GLOBAL_LR:g})")
+        frozen = set(selection.untrained_parts())
+        parts = [f"{p.value} frozen" if p in frozen else f"{p.value} {rates.get(p.value, GLOBAL_LR):g}"
+                 for p in SELECTABLE_PARTS]
+        adapters = f", adapters {GLOBAL_LR:g}" if args.lora_rank else ""
+        out(f"learning rates: {', '.join(parts)}{adapters} (global {GLOBAL_LR:g})")
     out()
     where = (lambda p: str(p)) if keep else (lambda p: str(p.relative_to(result.workdir)))
     n = len(result.tensors)

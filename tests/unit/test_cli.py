@@ -73,32 +73,25 @@ def test_help_of_every_subcommand_has_examples():
         assert f"bridge-freeze {sub}" in out.stdout.split("examples:")[1], sub
 
 
-@pytest.mark.parametrize(
-    ("args", "trained"),
-    [
-        ((), "vision_projection"),
-        (("qwen25_vl", "--freeze-vision-model", "--steps", "2"), "language_model + vision_projection"),
-    ],
-)
-def test_demo_trains_and_checks_what_changed(args, trained):
-    out = run("demo", *args)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "OK: exactly the" in out.stdout and f"(train {trained})" in out.stdout
-    assert "train [" in out.stderr  # the progress bar
+# ---------------------------------------------------------------------------------------------
+# demo: the user's flow (tiny HF checkpoint -> AutoBridge -> Bridge's finetune() -> HF export)
+# ---------------------------------------------------------------------------------------------
 
+#: The families the real-loop demo runs here (measured; the others are refused with the reason, below).
+DEMO_FAMILIES = ["exaone45_vl", "gemma3_vl", "qwen25_vl", "qwen35_vl", "qwen35_vl_moe", "qwen3_vl", "qwen3_vl_moe"]
 
-def test_demo_failure_paths_are_one_line_and_nonzero():
-    # Nemotron-VL's tiny configuration exists but cannot train on the CPU (its module's CANNOT_TRAIN): the reason is
-    # given, and the list offered is exactly the harness's trainable configurations.
-    from bridge_freeze_harness.train import trainable_families
-
-    out = run("demo", "nemotron_vl")
-    assert out.returncode == 2
-    assert "no demo training recipe for 'nemotron_vl' (its Mamba layers' forward needs" in out.stderr
-    assert out.stderr.rstrip().endswith(f"choose one of: {', '.join(sorted(trainable_families()))}")
-    assert "Traceback" not in out.stderr
-    out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection")
-    assert out.returncode == 2 and "nothing would train" in out.stderr
+# The parts as HF names (transformers' save_pretrained layout), from the parts' definitions (README, "Which parts"),
+# independent of the plugin's classification and of Bridge's mapping tables.
+QWEN3_PARTS = {
+    "language_model": r"^(model\.language_model\.|lm_head\.)",
+    "vision_model": r"^model\.visual\.(?!merger\.|deepstack_merger_list\.)",
+    "vision_projection": r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\.",
+}
+QWEN25_PARTS = {  # the legacy layout: no "model." before visual.
+    "language_model": r"^(model\.|lm_head\.)",
+    "vision_model": r"^visual\.(?!merger\.)",
+    "vision_projection": r"^visual\.merger\.",
+}
 
 
 def _demo_table(stdout: str) -> dict[str, tuple[int, int, int]]:
@@ -114,43 +107,128 @@ def _demo_table(stdout: str) -> dict[str, tuple[int, int, int]]:
     return rows
 
 
-def test_demo_lora_with_a_full_rank_projection_trains_exactly_adapters_and_the_projection():
-    out = run("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model",
-              "--lora-target-modules", "linear_qkv", "linear_proj", "--steps", "2")
+def _safetensors(directory: Path) -> dict:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def _run_demo(workdir: Path, *args: str):
+    """``demo --workdir WORKDIR ARGS``; returns the process, and the input / exported HF tensors that changed."""
+    import torch
+
+    out = run("demo", "--workdir", str(workdir), *args)
     assert out.returncode == 0, out.stdout + out.stderr
-    table = _demo_table(out.stdout)
-    # 2 layers x (linear_qkv, linear_proj) x (linear_in, linear_out) adapters in the language model and vision encoder
-    assert table["language_model"][1:] == (8, 8) and table["vision_model"][1:] == (8, 8)
-    assert table["vision_projection"][0] == table["vision_projection"][1] == table["vision_projection"][2] > 0
-    assert "full-rank" in out.stdout and "adapters" in out.stdout
+    original, exported = _safetensors(workdir / "hf"), _safetensors(workdir / "export")
+    assert set(original) == set(exported) and len(original) > 20
+    changed = {n for n in original if not torch.equal(original[n], exported[n])}
+    return out, original, changed
 
 
-def test_demo_lora_with_bridges_default_targets_names_the_merger_overlap():
-    out = run("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model")
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "vision_model.merger.linear_fc1.weight (wrapped by LoRA" in out.stderr
+def _names(names, pattern: str) -> set[str]:
+    return {n for n in names if re.search(pattern, n)}
 
 
-def test_demo_a_part_at_learning_rate_zero_stays_unchanged():
-    out = run("demo", "--freeze-language-model", "--lr-vision-projection", "0", "--steps", "2")
-    assert out.returncode == 0, out.stdout + out.stderr
-    table = _demo_table(out.stdout)
-    assert table["vision_projection"][1] > 0 and table["vision_projection"][2] == 0  # trainable, unchanged
-    assert table["vision_model"][1] == table["vision_model"][2] > 0  # the encoder moved
-    assert "vision_projection 0" in out.stdout  # each part's LR in the report
-    refused = run("demo", "--freeze-language-model", "--lr-language-model", "1e-3")
-    assert refused.returncode == 2 and "freezes that part" in refused.stderr
+def _expected_table(names, parts: dict[str, str], trainable: set[str], changed: set[str]) -> dict:
+    table = {}
+    for part, pattern in parts.items():
+        members = _names(names, pattern)
+        table[part] = (len(members), len(members & trainable), len(members & changed))
+    assert sum(row[0] for row in table.values()) == len(names)  # the rules cover every tensor, once
+    return table
 
 
-def test_demo_train_patterns_and_recompute():
-    out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--train",
-              r"language_model\.decoder\.layers\.1", "--steps", "2")
-    assert out.returncode == 0, out.stdout + out.stderr
-    lm = _demo_table(out.stdout)["language_model"]
-    assert 0 < lm[1] == lm[2] < lm[0]  # layer 1 only
-    out = run("demo", "--train-all", "--recompute", "full", "--steps", "1")
-    assert out.returncode == 0, out.stdout + out.stderr
+@pytest.mark.parametrize(
+    ("args", "parts", "trains", "described"),
+    [
+        ((), QWEN3_PARTS, ("vision_projection",), "train vision_projection"),
+        (("qwen25_vl", "--freeze-vision-model"), QWEN25_PARTS, ("language_model", "vision_projection"),
+         "train language_model + vision_projection"),
+    ],
+    ids=["qwen3_vl-default", "qwen25_vl-freeze-vision"],
+)
+def test_demo_runs_the_real_flow_and_proves_it_from_the_export(tmp_path, args, parts, trains, described):
+    workdir = tmp_path / "flow"
+    out, original, changed = _run_demo(workdir, *args, "--steps", "2")
+    expected = set().union(*(_names(original, parts[p]) for p in trains))
+    assert changed == expected  # read here from the two safetensors files, not from the demo's output
+    assert _demo_table(out.stdout) == _expected_table(original, parts, expected, changed)
+    assert (f"OK: exactly the {len(expected)} HF tensors fed by a parameter training at a learning rate above 0 "
+            f"changed, the other {len(original) - len(expected)} are bit-identical to the input checkpoint "
+            f"({described})") in out.stdout
+    assert "AutoBridge.from_hf_pretrained -> to_megatron_provider(load_weights=True)" in out.stdout
+    # Bridge's finetune() saved its torch_dist checkpoint; the export is a loadable HF folder; all of it kept
+    checkpoint = workdir / "checkpoints" / "iter_0000002"
+    assert f"Bridge checkpoint: {checkpoint}" in out.stdout and (checkpoint / ".metadata").is_file()
+    assert (workdir / "export" / "config.json").is_file() and (workdir / "bridge.log").stat().st_size > 0
+    assert f"kept: {workdir}" in out.stdout
+    assert re.search(r"^time: .*Bridge import [\d.]+ s.*; total [\d.]+ s$", out.stdout, flags=re.MULTILINE)
+    progress = out.stderr.splitlines()  # the progress only: Bridge's own output went to bridge.log
+    assert [re.fullmatch(r"finetune \[[#-]{24}\] (\d)/2 loss [\d.]+", line)[1] for line in progress] == ["1", "2"]
+
+
+def test_demo_lora_merged_export_carries_adapters_and_full_rank_parts_and_lr_zero_is_bit_identical(tmp_path):
+    # The language model through LoRA on its attention (scoped by full names: the vision encoder trains at full
+    # rank next to them), the vision encoder at full rank, the projection trainable at learning rate 0.
+    out, original, changed = _run_demo(
+        tmp_path / "flow", "--freeze-language-model", "--lora-rank", "4", "--lora-target-modules",
+        "language_model.*linear_qkv", "language_model.*linear_proj", "--lr-vision-projection", "0", "--steps", "2")
+    adapters_merged = _names(original, r"^model\.language_model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight$")
+    assert len(adapters_merged) == 8  # q, k, v, o of 2 layers
+    vision = _names(original, QWEN3_PARTS["vision_model"])
+    projection = _names(original, QWEN3_PARTS["vision_projection"])
+    assert changed == adapters_merged | vision  # the projection at LR 0 stayed bit-identical
+    trainable = adapters_merged | vision | projection
+    assert _demo_table(out.stdout) == _expected_table(original, QWEN3_PARTS, trainable, changed)
+    assert (f"(train vision_model + vision_projection + LoRA rank 4, merged; {len(projection)} trainable at "
+            "learning rate 0 stayed bit-identical)") in out.stdout
+    assert ("learning rates: language_model frozen, vision_model 0.01, vision_projection 0, adapters 0.01 "
+            "(global 0.01)") in out.stdout
+
+
+def test_demo_train_pattern_with_full_recompute(tmp_path):
+    out, original, changed = _run_demo(
+        tmp_path / "flow", "--freeze-language-model", "--freeze-vision-model", "--train",
+        r"language_model\.decoder\.layers\.1", "--recompute", "full", "--steps", "1")
+    expected = _names(original, r"^model\.language_model\.layers\.1\.") | _names(
+        original, QWEN3_PARTS["vision_projection"])
+    assert changed == expected
+    assert _demo_table(out.stdout) == _expected_table(original, QWEN3_PARTS, expected, changed)
     assert "note: full activation recompute turned off in vision_model" in out.stdout
+    assert "OK: exactly the" in out.stdout
+
+
+def test_demo_lora_on_a_full_rank_part_fails_in_bridges_finetune_as_one_line():
+    # Bridge's default LoRA targets include the Qwen3-VL mergers' linears, which train at full rank here: the
+    # plugin refuses inside Bridge's setup() (its PEFT pre-wrap hook), and the command says so in one line.
+    out = run("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("bridge-freeze demo: error: ")
+    assert "vision_model.merger.linear_fc1.weight (wrapped by LoRA" in out.stderr
+    assert out.stdout == ""
+
+
+def test_demo_refusals_are_one_line_before_any_work(tmp_path):
+    for family, reason in [
+        ("nemotron_vl", "is remote code on the hub, not in transformers 5.12.1"),  # no HF checkpoint here
+        ("glm45v", "Bridge's torch_dist checkpoint save refuses them"),
+    ]:
+        out = run("demo", family)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr.startswith(f"bridge-freeze demo: error: the demo cannot run {family!r} here: ")
+        assert reason in out.stderr and len(out.stderr.splitlines()) == 1
+        assert out.stderr.rstrip().endswith(f"families it runs: {', '.join(DEMO_FAMILIES)}")
+    out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection")
+    assert out.returncode == 2 and "nothing would train" in out.stderr
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "keep.txt").write_text("mine")
+    out = run("demo", "--workdir", str(tmp_path / "used"))
+    assert out.returncode == 2 and "exists and is not an empty directory" in out.stderr
+    assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["keep.txt"]
 
 
 @pytest.mark.parametrize("steps", ["0", "-1", "two"])
