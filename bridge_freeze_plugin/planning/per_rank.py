@@ -202,11 +202,29 @@ def _configure(provider: Any, layout: Layout) -> None:
     provider.sequence_parallel = False  # local norms refuse it; no parameter depends on it
 
 
+@contextlib.contextmanager
+def _one_rank_of_many() -> Iterator[None]:
+    """The plugin's two model-wide verdicts (every selected part has parameters somewhere; every pattern
+    matches somewhere) need the counts of all ranks, which a fake world's all-reduce does not bring: a rank
+    alone would be refused for holding no vision encoder. The plan's whole-model build already gave both
+    verdicts for the same selection; here they are skipped. Every per-rank check stays."""
+    from bridge_freeze_plugin import distributed
+    from bridge_freeze_plugin.build import hooks
+
+    saved = hooks.check_parts_present, distributed.check_matched
+    hooks.check_parts_present = lambda *_args, **_kwargs: None  # type: ignore[assignment]
+    distributed.check_matched = lambda *_args, **_kwargs: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        hooks.check_parts_present, distributed.check_matched = saved
+
+
 def build_rank(provider: Any, layout: Layout, rank: int, build_context: Callable[[], Any]) -> tuple[dict, list]:
     """The rank's coordinates and its bare model chunks, built by ``provide_distributed_model`` on meta."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    with fake_world(layout, rank) as coords, build_context(), _tensor_cuda_is_identity():
+    with fake_world(layout, rank) as coords, build_context(), _tensor_cuda_is_identity(), _one_rank_of_many():
         provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
         chunks = provider.provide_distributed_model(
             wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=True,
