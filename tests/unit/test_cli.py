@@ -212,6 +212,28 @@ def test_demo_lora_on_a_full_rank_part_fails_in_bridges_finetune_as_one_line():
     assert out.stdout == ""
 
 
+def test_demo_verdict_names_a_changed_frozen_tensor_and_an_unchanged_trained_one():
+    """The FAIL lines (reachable only through a bug, so checked here on hand-made tensors): a tensor no trained
+    parameter feeds that changed, and one a parameter at a non-zero LR feeds that did not; LR 0 expects no change."""
+    import torch
+
+    from bridge_freeze_harness.demo_flow import compare
+    from bridge_freeze_plugin.cli.demo import _verdict
+
+    original = {name: torch.zeros(2) for name in ("frozen", "trained", "at_lr_zero", "stuck")}
+    exported = {**original, "frozen": torch.ones(2), "trained": torch.ones(2)}
+    sources = {"frozen": {"f"}, "trained": {"t"}, "at_lr_zero": {"z"}, "stuck": {"s"}}
+    rows = {t.name: t for t in compare(original, exported, sources, {"t": 1e-2, "z": 0.0, "s": 1e-2}, None)}
+    assert {n for n, t in rows.items() if t.trainable} == {"trained", "at_lr_zero", "stuck"}
+    assert {n for n, t in rows.items() if t.expected} == {"trained", "stuck"}
+    assert {n for n, t in rows.items() if t.changed} == {"frozen", "trained"}
+    assert _verdict(list(rows.values())) == [
+        "FAIL: 1 HF tensor(s) changed that no parameter training at a learning rate above 0 feeds, e.g. frozen",
+        "FAIL: 1 HF tensor(s) fed by a trained parameter did not change, e.g. stuck",
+    ]
+    assert _verdict([rows["trained"], rows["at_lr_zero"]]) == []
+
+
 def test_demo_refusals_are_one_line_before_any_work(tmp_path):
     for family, reason in [
         ("nemotron_vl", "is remote code on the hub, not in transformers 5.12.1"),  # no HF checkpoint here
