@@ -1,0 +1,131 @@
+"""``bridge-freeze plan --hf-config`` on makers' published ``config.json`` files: every part counted exactly.
+
+Each fixture (tests/fixtures/hf_configs/<family>/config.json, where it came from in its SOURCE file) is planned
+through the real path (Bridge's own conversion, the real model class on the meta device, the plugin's freeze)
+and each part's parameter count is compared with an INDEPENDENT count: transformers' own model class for the
+same config, built on the meta device, its parameter names sorted into parts by the rule written here per
+family (the maker's checkpoint names); for Kimi K2.5, whose model is hub remote code, the vision side is the
+published checkpoint's tensor listing and the language model transformers' DeepSeek-V3 class.
+
+Three of these failed before (GLM-4.5V: the forced ``allgather`` dispatcher with Bridge's shared-expert overlap;
+Gemma 3: zero-centred norms the CPU patches missed; Kimi K2.5: ``kimi_k25`` is remote code). Builds over about
+15 s on 2 shared cores are marked ``slow`` (Kimi K2.5: 61 layers x 384 experts, about 10-25 s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
+
+#: family -> (transformers class, [(HF name prefix, part)] first match wins, else language_model)
+QWEN3_RULE = [("model.visual.merger.", "vision_projection"),
+              ("model.visual.deepstack_merger_list.", "vision_projection"), ("model.visual.", "vision_model")]
+HF_COUNTS = {
+    "qwen25_vl": ("Qwen2_5_VLForConditionalGeneration",
+                  [("model.visual.merger.", "vision_projection"), ("model.visual.", "vision_model")]),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", QWEN3_RULE),
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", QWEN3_RULE),
+    "gemma3_vl": ("Gemma3ForConditionalGeneration",
+                  [("model.multi_modal_projector.", "vision_projection"), ("model.vision_tower.", "vision_model")]),
+    "glm45v": ("Glm4vMoeForConditionalGeneration",
+               [("model.visual.merger.", "vision_projection"), ("model.visual.", "vision_model")]),
+}
+SLOW: set[str] = set()  # measured: each under 5 s once Bridge is imported (2 shared cores)
+
+
+def _planned(family: str) -> dict[str, int]:
+    from bridge_freeze_plugin import planning
+    from bridge_freeze_plugin.selection import FreezeSelection
+
+    plan = planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
+                               hf_config=FIXTURES / family / "config.json")
+    assert plan.family == family
+    return {p.count.part.value: p.count.total for p in plan.parts}
+
+
+def _hf_counts(family: str) -> dict[str, int]:
+    import torch
+    import transformers
+
+    cls_name, rule = HF_COUNTS[family]
+    config = transformers.AutoConfig.from_pretrained(str(FIXTURES / family / "config.json"))
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name)(config)
+    counts = {"language_model": 0, "vision_model": 0, "vision_projection": 0}
+    for name, param in model.named_parameters():  # a tied lm_head is listed once
+        part = next((p for prefix, p in rule if name.startswith(prefix)), "language_model")
+        counts[part] += param.numel()
+    return counts
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW else f for f in HF_COUNTS])
+def test_each_part_of_a_published_config_is_counted_exactly(cpu_bridge, family):
+    assert _planned(family) == _hf_counts(family)
+
+
+@pytest.mark.slow  # 61 layers x 384 experts: about 25 s on 2 cores
+def test_kimi_k25_published_config_plans_offline_with_the_published_tensor_sizes(cpu_bridge):
+    import torch
+    from transformers import AutoConfig, DeepseekV3ForCausalLM
+
+    planned = _planned("kimi_k25_vl")
+    listing = json.loads((FIXTURES / "kimi_k25_vl" / "vision_tensors.json").read_text())
+    vision = sum(math.prod(s) for n, s in listing.items() if n.startswith("vision_tower."))
+    projection = sum(math.prod(s) for n, s in listing.items() if n.startswith("mm_projector."))
+    doc = json.loads((FIXTURES / "kimi_k25_vl" / "config.json").read_text())["text_config"]
+    text = {k: v for k, v in doc.items() if k not in ("auto_map", "architectures", "model_type")}
+    with torch.device("meta"):
+        lm = DeepseekV3ForCausalLM(AutoConfig.for_model("deepseek_v3", **text))
+    assert planned == {"language_model": sum(p.numel() for p in lm.parameters()), "vision_model": vision,
+                       "vision_projection": projection}
+
+
+def test_kimi_k25_vision_stand_ins_have_the_published_tensor_names_and_shapes(cpu_bridge):
+    """The offline stand-ins the plan builds Kimi's vision side with, at full size: name for name and shape for
+    shape the published checkpoint's ``vision_tower.**`` / ``mm_projector.**`` tensors."""
+    import torch
+
+    from bridge_freeze_harness.tiny._kimi_remote_code import REMOTE_CLASSES, KimiK25VisionConfig
+
+    doc = json.loads((FIXTURES / "kimi_k25_vl" / "config.json").read_text())
+    vision_config = KimiK25VisionConfig(**{k: v for k, v in doc["vision_config"].items() if k != "model_type"})
+    with torch.device("meta"):
+        tower = REMOTE_CLASSES["modeling_kimi_k25.MoonViT3dPretrainedModel"](
+            REMOTE_CLASSES["modeling_kimi_k25.VisionTowerConfig"](vision_config))
+        projector = REMOTE_CLASSES["modeling_kimi_k25.PatchMergerMLP"](
+            REMOTE_CLASSES["modeling_kimi_k25.ProjectorConfig"](vision_config))
+    built = {f"vision_tower.{n}": list(p.shape) for n, p in tower.named_parameters()}
+    built.update({f"mm_projector.{n}": list(p.shape) for n, p in projector.named_parameters()})
+    assert built == json.loads((FIXTURES / "kimi_k25_vl" / "vision_tensors.json").read_text())
+
+
+def test_every_fixture_says_where_it_came_from():
+    for folder in sorted(p for p in FIXTURES.iterdir() if p.is_dir()):
+        source = (folder / "SOURCE").read_text()
+        json.loads((folder / "config.json").read_text())
+        assert re.search(r"SOURCE:|NOT the published file", source), folder.name
+        if "SOURCE:" in source and "github.com/" in source:
+            assert re.search(r"commit [0-9a-f]{40}", source), folder.name
+
+
+def test_a_full_size_build_needs_no_tiny_configuration_patch(cpu_bridge, monkeypatch):
+    """Full-size builds run under the family's any-size ``cpu_patches`` only: every tiny module's
+    ``tiny_patches`` made to fail, the published Gemma 3 config still plans (it needs the zero-centred norms of
+    ``cpu_patches``), and so does Qwen2.5-VL's."""
+    from bridge_freeze_harness.tiny import _index
+
+    def refuse():
+        raise AssertionError("a tiny configuration's patch ran in a full-size build")
+
+    for entry in _index.entries().values():
+        module = __import__(f"bridge_freeze_harness.tiny.{entry.module}", fromlist=["_"])
+        if hasattr(module, "tiny_patches"):
+            monkeypatch.setattr(module, "tiny_patches", refuse)
+    assert _planned("gemma3_vl")["vision_projection"] == 6_194_304
+    assert _planned("qwen25_vl")["vision_model"] == 631_975_680
