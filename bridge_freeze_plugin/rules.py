@@ -81,7 +81,8 @@ def strategy_must_be_megatron(s: RunSettings) -> list[str]:
     if normalise_strategy(strategy) != MEGATRON:
         why = s.strategy_note or f"{strategy} would silently ignore them"
         return [
-            f"{flags} requires strategy=megatron, but {s.strategy.written}: the freeze flags are applied by the "
+            f"{flags} requires strategy=megatron, but {s.strategy_shown or s.strategy.written}: the freeze flags are "
+            "applied by the "
             f"Megatron-Bridge model provider, and {why}. Set {fix}, or unset the flag(s)."
         ]
     return []

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from bridge_freeze_plugin import rules
 from bridge_freeze_plugin.config import layouts
-from bridge_freeze_plugin.config.family import family_from_model_path, family_from_target
+from bridge_freeze_plugin.config.family import family_from_model_path, family_from_name, family_from_target
 from bridge_freeze_plugin.config.layouts import Layout
 from bridge_freeze_plugin.config.reading import (
     LoraSettings,
@@ -28,6 +28,7 @@ from bridge_freeze_plugin.config.reading import (
     read_selection,
     read_settings,
     select,
+    with_provider_defaults,
 )
 from bridge_freeze_plugin.config.source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
@@ -107,9 +108,14 @@ def _with_family(settings: RunSettings, cfg: Any, layout: Layout, provider: Any,
         model_path = select(cfg, layout.model_path)
         resolved = family_from_model_path(model_path) if isinstance(model_path, str) else None
         source = f"{layout.model_path}'s config.json (model_type)"
+        if resolved is None and layout.family_from_name and isinstance(model_path, str):
+            resolved = family_from_name(model_path)
+            source = (f"{layout.model_path}={model_path}: a guess from the name (no local config.json to read; "
+                      "--family NAME to be sure)")
     if resolved is None and settings.provider_target is not None:
         resolved = family_from_target(settings.provider_target.value)
         source = f"{layout.provider_target} (the provider class)"
+    settings = with_provider_defaults(settings, cfg, layout, resolved)
     return replace(settings, family=resolved, family_source=source if resolved is not None else None)
 
 

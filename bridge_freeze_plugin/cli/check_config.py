@@ -57,7 +57,10 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     rates = s.learning_rates.as_dict() if s.learning_rates else {}
     rows += [(f"{s.learning_rates_key}.{key}", rates[key], loaded.source(f"{s.learning_rates_key}.{key}"))
              for key in LR_KEYS if key in rates]
-    others = [s.strategy, s.language_model_only, s.lora_rank, *s.recompute, s.provider_target,
+    switches = checked.layout.strategy_switches
+    strategy = [] if switches else [s.strategy]  # a backend chosen by switches: the switches themselves
+    rows += [(key, _switch(loaded.cfg, key), loaded.source(key)) for key, _ in switches]
+    others = [*strategy, s.language_model_only, s.lora_rank, *s.recompute, s.provider_target,
               *(peer for _, peer in s.peers)]
     rows += [(o.key, o.value, o.source) for o in others if o is not None and o.key is not None]
     if s.lora.enabled:
@@ -67,6 +70,12 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     rows += [(setting.key, setting.value, setting.source) for setting in (s.vlm_lora or {}).values()]
     rows += [(own.key, own.value, own.source) for own in s.own_freeze]
     return rows
+
+
+def _switch(cfg: Any, key: str) -> Any:
+    from bridge_freeze_plugin.config.reading import select
+
+    return select(cfg, key)
 
 
 def _parts(selection: FreezeSelection, family: Any = None,
@@ -352,6 +361,9 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
     if selection.patterns:
         out(f"patterns ({s.key_of(PATTERN_KEYS[0]).rpartition('.')[0]}): " + " ".join(
             f"{key}={json.dumps(values)}" for key, values in selection.patterns_dict().items() if values))
+    if s.strategy_note:  # a backend the flags never reach (NeMo-RL's DTensor): what trains is the trainer's affair
+        out(f"backend: {s.strategy.value} ({s.strategy.key}=true): {s.strategy_note}; the summary below is what the "
+            "flags would mean on Megatron")
     out(_trains_line(summary))
     if summary.lora is not None:
         out(_lora_line(summary.lora))

@@ -130,10 +130,16 @@ def _is_file(path: Path) -> bool:
 
 
 def compose(cfg: DictConfig, folder: Path, label: str, provenance: Provenance) -> tuple[DictConfig, tuple[str, ...]]:
-    """``cfg`` with its ``defaults:`` list composed, and the files it pulled in (relative to ``folder``)."""
+    """``cfg`` with its ``defaults:`` list composed, and the files it pulled in (relative to ``folder``).
+
+    A defaults list of YAML file paths (``defaults: parent.yaml``, or a list of ``.yaml`` paths) is NeMo-RL's
+    inheritance (:func:`compose_inheritance`); anything else is read as Hydra's defaults list.
+    """
     if "defaults" not in cfg:
         provenance.record("", cfg, label)
         return cfg, ()
+    if is_inheritance(cfg._get_node("defaults")):
+        return compose_inheritance(cfg, folder / label, folder, label, provenance)
     entries = cfg.defaults
     if not isinstance(entries, ListConfig):
         raise ConfigLoadError(f"{label}: 'defaults' must be a list (a Hydra defaults list), got {entries!r}")
@@ -160,3 +166,99 @@ def compose(cfg: DictConfig, folder: Path, label: str, provenance: Provenance) -
         pulled.append(source.rpartition(" > ")[2])
     assert isinstance(result, DictConfig)
     return result, tuple(pulled)
+
+
+# ---- NeMo-RL's inheritance (nemo_rl/utils/config.py: load_config_with_inheritance, merge_with_override) ---------
+
+#: How many files one inheritance chain may hold (NeMo-RL's recipes use three or four).
+MAX_CHAIN = 32
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def is_inheritance(node: Any) -> bool:
+    """Whether a ``defaults`` value is NeMo-RL's inheritance: a YAML file path, or a list of them."""
+    value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node._value() if hasattr(
+        node, "_value") else node
+    if isinstance(value, str):
+        return True
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(item, str) and item.endswith(_YAML_SUFFIXES) for item in value))
+
+
+def _merge_with_override(base: DictConfig, override: DictConfig) -> DictConfig:
+    """NeMo-RL's merge: a top-level section of ``override`` holding ``_override_: true`` replaces the base's section
+    (the marker removed); everything else merges (OmegaConf.merge: later wins; ``???`` keeps the base's value)."""
+    base = base.copy()
+    override = override.copy()
+    for key in list(override.keys()):
+        node = override._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none() \
+                and not node._is_interpolation() and node.get("_override_", False):
+            node.pop("_override_")
+            if key in base:
+                base.pop(key)
+    merged = OmegaConf.merge(base, override)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def compose_inheritance(cfg: DictConfig, file: Path, root: Path, label: str, provenance: Provenance,
+                        chain: tuple[Path, ...] = ()) -> tuple[DictConfig, tuple[str, ...]]:
+    """``cfg`` (read from ``file``) composed as NeMo-RL's ``load_config`` composes it; and the files it pulled in.
+
+    ``defaults`` is one path or a list of paths, each relative to the folder of the file that names it (an
+    absolute path as written; ``..`` allowed, as NeMo-RL allows it). Each parent is composed first (its own
+    defaults, depth-first), the parents merge in order (a later one wins), then the file's own values. Unlike
+    Hydra: no groups, packages, ``_self_`` or ``optional``; a parent may have its own defaults; a top-level
+    section with ``_override_: true`` replaces the inherited section instead of merging into it. A file that
+    inherits from itself (a loop) or a missing parent is a :class:`ConfigLoadError`.
+    """
+    chain = (*chain, file.resolve())
+    if len(chain) > MAX_CHAIN:
+        raise ConfigLoadError(f"{label}: the defaults chain is longer than {MAX_CHAIN} files: check for a loop")
+    raw = cfg._get_node("defaults")
+    value = OmegaConf.to_container(raw) if OmegaConf.is_config(raw) else raw._value()
+    entries = [value] if isinstance(value, str) else list(value)
+    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "defaults"])
+    base: DictConfig = OmegaConf.create({})
+    pulled: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, str) or not entry.strip():
+            raise ConfigLoadError(f"{label}: defaults entry {brief(repr(entry))} is not a file path")
+        parent = Path(entry) if entry.startswith("/") else file.parent / entry
+        shown = _relative(parent, root)
+        if parent.resolve() in chain:
+            raise ConfigLoadError(f"{label}: defaults entry {entry!r} ({shown}) inherits from a file already in the "
+                                  "chain (a loop): NeMo-RL would recurse without end. Remove it")
+        if not parent.is_file():
+            raise ConfigLoadError(f"{label}: defaults entry {entry!r} names {shown}, which does not exist (NeMo-RL "
+                                  "reads it relative to the folder of the file that names it)")
+        content = read_yaml_file(parent)
+        if "defaults" in content:
+            content, deeper = compose_inheritance(content, parent, root, shown, provenance, chain)
+            pulled += deeper
+        else:
+            provenance.record("", _written(content), f"{label} > {shown}")
+        base = _merge_with_override(base, content)
+        pulled.append(shown)
+    provenance.record("", _written(own), label)
+    return _merge_with_override(base, own), tuple(pulled)
+
+
+def _written(cfg: DictConfig) -> Any:
+    """``cfg`` as plain Python without its ``???`` values (they keep what a parent wrote, as OmegaConf merges)."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if v != "???"}
+        return node
+
+    return strip(OmegaConf.to_container(cfg, resolve=False))
+
+
+def _relative(path: Path, root: Path) -> str:
+    import os
+
+    try:
+        return os.path.relpath(path, root)
+    except ValueError:  # another drive
+        return str(path)

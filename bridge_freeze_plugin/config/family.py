@@ -35,6 +35,44 @@ def family_from_model_path(path: str | os.PathLike[str] | None) -> FamilySpec | 
     return REGISTRY.for_hf_model_type(model_type) if isinstance(model_type, str) else None
 
 
+def _normalised(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def family_from_name(name: str | None) -> FamilySpec | None:
+    """A family guessed from a model's name (a hub id such as ``Qwen/Qwen2.5-VL-3B-Instruct``, or a path's last
+    segment), without downloading anything; ``None`` when no family matches, or two match equally well.
+
+    A family matches when one of its HF ``model_type`` values (``qwen2_5_vl``), or every word of its name
+    (``nemotron`` and ``omni``), appears in the name with case, dashes, dots and underscores ignored; the longest
+    match wins. It is a guess (``Qwen3-VL-30B-A3B`` reads as ``qwen3_vl``, not its MoE sibling): say so.
+    """
+    if not isinstance(name, str) or not name.strip():
+        return None
+    text = _normalised(name.rstrip("/").rpartition("/")[2])
+    best: dict[int, set[str]] = {}
+    families = {family.name: family for family in REGISTRY}
+    for family in families.values():
+        keys = [_normalised(t) for t in family.hf_model_types]
+        score = max((len(k) for k in keys if k and k in text), default=0)
+        words = [_normalised(w) for w in family.name.split("_") if w]
+        if words and all(w in text for w in words):
+            score = max(score, sum(len(w) for w in words))
+        if score:
+            best.setdefault(score, set()).add(family.name)
+    if not best:
+        return None
+    top = best[max(best)]
+    return families[next(iter(top))] if len(top) == 1 else None
+
+
+#: Bridge 0.6.2 providers whose freeze flags default to true (read from their source): family -> (provider class,
+#: the flags that default to true). A trainer that passes only the flags a config writes (NeMo-RL) leaves these on.
+PROVIDER_FLAG_DEFAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "qwen3_vl_moe": ("Qwen3VLMoEModelProvider", ("freeze_language_model", "freeze_vision_model")),
+}
+
+
 #: The only modules a config's ``_target_`` may make this process import: Megatron-Bridge's own (its providers).
 #: Anything else is compared by name against the registry, never imported: a config must not run code.
 _IMPORTABLE = "megatron.bridge."

@@ -378,7 +378,7 @@ def _nemo_rl_own(megatron_cfg: str) -> dict[str, Mapping[str, OwnSetting] | OwnS
     passed = {key: OwnSetting(BRIDGE_FIELDS[key].what, "Bridge (NeMo-RL passes it from megatron_cfg to the provider)",
                               outside=True) for key in ("freeze_sound_encoder", "freeze_sound_projection")}
     return {
-        megatron_cfg: {"freeze_moe_router": _router("NeMo-RL"), **passed},
+        megatron_cfg: {"freeze_moe_router": _router("NeMo-RL"), "freeze_config": _NEMO_RL_FREEZE_CONFIG, **passed},
         f"{megatron_cfg}.model_overrides": {k: v for k, v in BRIDGE_FIELDS.items() if k not in passed},
         # any key: NeMo-RL passes freeze_config to the model's freeze() as keyword arguments
         f"{megatron_cfg}.freeze_config": _NEMO_RL_FREEZE_CONFIG,
@@ -489,8 +489,10 @@ def evidence(top: Mapping[str, Any]) -> dict[str, Evidence]:
     """Layout name -> what the config's keys show of it (every layout with any evidence)."""
     found: dict[str, Evidence] = {}
     for layout in LAYOUTS.values():
-        decides = [_said(hit) for m in layout.decides if (hit := m.found(top)) is not None]
-        hints = [_said(hit) for m in layout.hints if (hit := m.found(top)) is not None]
+        deciding = [hit for m in layout.decides if (hit := m.found(top)) is not None]
+        covered = {key for hit in deciding for key in hit}
+        decides = [_said(hit) for hit in deciding]
+        hints = [_said(hit) for m in layout.hints if (hit := m.found(top)) is not None and not set(hit) <= covered]
         if decides or hints:
             found[layout.name] = Evidence(layout, tuple(decides), tuple(hints))
     return found

@@ -10,7 +10,7 @@ import contextlib
 import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -142,6 +142,8 @@ class RunSettings:
     strategy_note: str | None = None
     #: why no strategy is read, in words (``None``: the strategy key is not set)
     strategy_unset: str | None = None
+    #: the strategy as written, when it is chosen by switches (``None``: ``strategy.written``)
+    strategy_shown: str | None = None
     #: how LoRA is turned on here (for messages); the LoRA class (its ``_target_``) when the config names one
     lora_enable: str | None = None
     lora_class: str | None = None
@@ -383,6 +385,15 @@ def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | 
     return Setting(value, layout.strategy, where), layout.strategy_notes.get(value) if value is not None else None
 
 
+def _switches_shown(cfg: Any, layout: Layout, source: Source) -> str | None:
+    """The backend switches that are on, as written (``policy.dtensor_cfg.enabled=true (sft.yaml)``)."""
+    if not layout.strategy_switches:
+        return None
+    on = [Setting(True, key, source(key)).written + f" (the {name} backend)"
+          for key, name in layout.strategy_switches if select(cfg, key) is True]
+    return " and ".join(on) or None
+
+
 def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
     out = []
     for key in layout.recompute:
@@ -549,7 +560,10 @@ def _own_freeze(cfg: Any, layout: Layout, source: Source) -> tuple[OwnFreeze, ..
         if setting is None:
             continue
         dotted = _dotted(where, key)
-        out.append(OwnFreeze(dotted, _quiet_raw(cfg, dotted), setting, source(dotted)))
+        value = _quiet_raw(cfg, dotted)
+        if isinstance(value, str) and value.startswith("{"):
+            continue  # a section of such settings (NeMo-RL's freeze_config): its keys are listed
+        out.append(OwnFreeze(dotted, value, setting, source(dotted)))
     return tuple(sorted(out, key=lambda o: o.key))
 
 
@@ -633,9 +647,11 @@ def resolvers(layout: Layout) -> Iterator[None]:
     this process has not registered itself are removed again afterwards."""
     added = []
     try:
+        # OmegaConf 2.4 deprecates register_new_resolver for register_resolver (same behaviour for these)
+        register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
         for name, function in layout.resolvers.items():
             if not OmegaConf.has_resolver(name):
-                OmegaConf.register_new_resolver(name, function)
+                register(name, function)
                 added.append(name)
         yield
     finally:
@@ -735,8 +751,39 @@ def _read(cfg: Any, layout: Layout, source: Source) -> RunSettings:
         strategy_note=strategy_note,
         strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy_switches)} is true (no backend)"
                         if layout.strategy_switches else None),
+        strategy_shown=_switches_shown(cfg, layout, source),
         lora_enable=_lora_enable(layout),
         lora_class=None if lora_class is None else str(lora_class),
         vlm_lora=_vlm_lora(cfg, layout, lora, source),
         trainer=layout.trainer,
     )
+
+
+def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: FamilySpec | None) -> RunSettings:
+    """``s`` with the flags the config does not write set as the model provider keeps them, for a layout whose
+    trainer passes only the flags written (NeMo-RL): Bridge's ``Qwen3VLMoEModelProvider`` freezes the language
+    model and the vision encoder by default. Said per flag in :attr:`RunSettings.provider_defaults`."""
+    if not layout.unwritten_flags_keep_provider_default:
+        return s
+    from bridge_freeze_plugin.config.family import PROVIDER_FLAG_DEFAULTS
+
+    known = PROVIDER_FLAG_DEFAULTS.get(family.name) if family is not None else None
+    on: dict[str, bool] = {}
+    notes: dict[str, str] = {}
+    for flag in FLAGS:
+        if select(cfg, s.key_of(flag)) is not None:
+            continue
+        if known is not None and flag in known[1]:
+            on[flag] = True
+            notes[flag] = f"not written: {layout.trainer} leaves the provider's default, {known[0]}: true"
+        elif family is not None:
+            notes[flag] = f"not written: {layout.trainer} leaves the provider's default (false for {family.name})"
+        else:
+            notes[flag] = (f"not written: {layout.trainer} leaves the provider's default, false on every Bridge "
+                           "provider but Qwen3VLMoEModelProvider (LM and vision encoder true): name the family to "
+                           "be sure")
+    if not on:
+        return replace(s, provider_defaults=notes)
+    selection = FreezeSelection(**{**s.selection.as_dict(), **on}, train_patterns=s.selection.train_patterns,
+                                freeze_patterns=s.selection.freeze_patterns)
+    return replace(s, selection=selection, provider_defaults=notes)

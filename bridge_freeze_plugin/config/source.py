@@ -21,9 +21,10 @@ from bridge_freeze_plugin.config.loading import (
     FOUND,
     Override,
     Provenance,
-    apply_overrides,
+    apply_override,
     check_depth,
     lookup,
+    parse_override,
     read_yaml_file,
 )
 from bridge_freeze_plugin.config.reading import IN_CONFIG, resolvers, unread_freeze_keys
@@ -50,6 +51,8 @@ class LoadedConfig:
     layout_reason: str | None = None
     #: keys whose value is the layout's default
     defaulted: tuple[str, ...] = ()
+    #: overrides ``key=value`` that added a key the config did not have (Hydra's struct mode refuses them)
+    added_by_set: tuple[str, ...] = ()
 
     def source(self, key: str) -> str:
         """Where ``key``'s value came from; ``not written`` when the config does not have the key."""
@@ -67,9 +70,14 @@ def load(path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = 
         cfg: DictConfig = OmegaConf.create({})
     else:
         cfg, composed = compose(read_yaml_file(file), file.parent, file.name, provenance)
-    cfg, parsed = apply_overrides(cfg, overrides, provenance)
+    parsed = tuple(parse_override(text) for text in overrides)
+    added = []
+    for override in parsed:
+        if override.operation == "set" and lookup(cfg, override.key)[0] != FOUND:
+            added.append(override.text)
+        cfg = apply_override(cfg, override, provenance)
     check_depth(cfg, "the config (file, defaults list and overrides together)")
-    return LoadedConfig(cfg, provenance, parsed, file, composed)
+    return LoadedConfig(cfg, provenance, parsed, file, composed, added_by_set=tuple(added))
 
 
 def _what(loaded: LoadedConfig) -> str:
@@ -128,6 +136,13 @@ def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConf
     mapping, the trainer's default still applies at run time but is not shown here; the build decides the
     full-recompute adjustment from the provider's real settings either way.)
     """
+    if layout.strict_overrides and loaded.path is not None and loaded.added_by_set:
+        shown = ", ".join(repr(text) for text in loaded.added_by_set)
+        raise ConfigLoadError(
+            f"{shown}: {layout.trainer} applies command-line overrides in Hydra's struct mode, where key=value "
+            f"must name a key the config has, so it refuses to add one (Could not override ...). Write "
+            f"+key=value to add it (++key=value: add or set)"
+        )
     cfg = loaded.cfg.copy()
     filled = []
     for key, value in layout.defaults.items():
@@ -138,7 +153,7 @@ def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConf
         loaded.provenance.record(key, value, f"default of the {layout.title} layout")
         filled.append(key)
     return LoadedConfig(cfg, loaded.provenance, loaded.overrides, loaded.path, loaded.composed, layout, reason,
-                        tuple(filled))
+                        tuple(filled), loaded.added_by_set)
 
 
 def load_config(path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()) -> DictConfig:

@@ -360,3 +360,182 @@ def test_what_check_config_says_of_vlm_lora_is_what_bridge_builds(cpu_bridge, ca
         doc = check_json(capsys, BRIDGE_FILE, *VLM_LORA, *(f"+peft.{k}=false" for k in switches), *flags)
         assert doc["valid"], doc["error"]
         assert trained_bases(selection, **switches) == set(doc["trained_parts"]), switches
+
+
+# ---- issue 27: NeMo-RL's configs (its published examples, composed by its own loader for comparison) ----------
+
+NEMO_RL_DIR = CONFIGS / "nemo_rl"
+BY_NEMO_RL = json.loads((NEMO_RL_DIR / "composed_by_nemo_rl.json").read_text(encoding="utf-8"))
+GRPO_MEGATRON = "examples/configs/vlm_grpo_3B_megatron.yaml"
+SFT_VLM = "examples/configs/sft_vlm_3B.yaml"
+OMNI = "examples/configs/recipes/vlm/vlm_grpo-nemotron-omni-30ba3b-16n8g-megatron-tp4ep4-async-gym-video.v1.yaml"
+QWEN35 = "examples/configs/recipes/vlm/vlm_grpo-qwen3.5-35ba3b-geo3k-2n8g-megatron-ep16.yaml"
+CLEVR = "examples/configs/recipes/vlm/vlm_grpo-qwen2.5-vl-3b-instruct-clevr-1n4g-megatrontp1.v1.yaml"
+MCFG = "policy.megatron_cfg"
+MO = "policy.megatron_cfg.model_overrides"
+ALL_TRAIN = {"freeze_language_model": False, "freeze_vision_model": False, "freeze_vision_projection": False}
+
+#: What each example says, read by hand from the files (and their defaults chains): backend, model family (a guess
+#: from policy.model_name: no local checkpoint), the flags, what trains, the router freeze (NeMo-RL's hook).
+EXAMPLES = {
+    GRPO_MEGATRON: ("megatron", "qwen25_vl", ALL_TRAIN, PARTS, True),
+    "examples/configs/vlm_grpo_3B.yaml": ("dtensor", "qwen25_vl", ALL_TRAIN, PARTS, True),
+    SFT_VLM: ("dtensor", "qwen25_vl", ALL_TRAIN, PARTS, False),
+    CLEVR: ("megatron", "qwen25_vl", ALL_TRAIN, PARTS, True),
+    QWEN35: ("megatron", "qwen35_vl", ALL_TRAIN, PARTS, True),
+    OMNI: ("megatron", "nemotron_omni", {**ALL_TRAIN, "freeze_vision_model": True, "freeze_vision_projection": True},
+           ["language_model"], True),
+}
+
+
+def nemo_rl(name: str) -> Path:
+    return NEMO_RL_DIR / name
+
+
+@pytest.mark.parametrize("name", sorted(BY_NEMO_RL["composed"]))
+def test_each_config_composes_as_nemo_rls_own_loader_composes_it(name):
+    """composed_by_nemo_rl.json: NeMo-RL's load_config (its commit in SOURCE), resolved as its run scripts resolve
+    it. Includes inheritance/child.yaml: a nested chain, two parents, _override_ (top level only) and ???."""
+    from omegaconf import OmegaConf
+
+    from bridge_freeze_plugin.config import load
+    from bridge_freeze_plugin.config.layouts import NEMO_RL
+    from bridge_freeze_plugin.config.reading import resolvers
+
+    loaded = load(nemo_rl(name))
+    with resolvers(NEMO_RL):
+        assert OmegaConf.to_container(loaded.cfg, resolve=True, throw_on_missing=False) == \
+            BY_NEMO_RL["composed"][name]
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_each_example_reads_right_without_overrides(capsys, name):
+    backend, family, selection, trained, router = EXAMPLES[name]
+    doc = check_json(capsys, nemo_rl(name))
+    assert doc["valid"], doc["error"]
+    assert doc["layout"] == "nemo_rl" and doc["family"] == family
+    assert doc["settings"][f"policy.{backend}_cfg.enabled"]["value"] is True
+    assert doc["selection"] == selection and doc["trained_parts"] == trained
+    assert [own["key"] for own in doc["own_freeze"] if own["value"] is True] == (
+        [f"{MCFG}.freeze_moe_router"] if router else [])
+    _, out, _ = check(capsys, nemo_rl(name))
+    assert f"family: {family} (from policy.model_name=" in out and "a guess from the name" in out
+    assert ("backend: dtensor" in out) == (backend == "dtensor")
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_each_example_reads_right_with_flag_overrides(capsys, name):
+    backend = EXAMPLES[name][0]
+    flags = [f"++{MCFG}.freeze_vision_model=true", f"++{MCFG}.freeze_vision_projection=false",
+             f"+{MO}.freeze_language_model=true"]
+    code, _, err = check(capsys, nemo_rl(name), *flags)
+    if backend == "dtensor":
+        assert code == 2 and "NeMo-RL's DTensor backend builds the policy with Hugging Face" in err
+        assert "Set policy.megatron_cfg.enabled=true and policy.dtensor_cfg.enabled=false" in err
+        flags += [f"{MCFG}.enabled=true", "policy.dtensor_cfg.enabled=false"]
+    doc = check_json(capsys, nemo_rl(name), *flags)
+    assert doc["valid"], doc["error"]
+    assert doc["selection"]["freeze_language_model"] and doc["selection"]["freeze_vision_model"]
+    assert doc["settings"][f"{MO}.freeze_language_model"]["source"].startswith("override")
+    assert doc["trained_parts"] == ["vision_projection"]
+
+
+@pytest.mark.parametrize("entry", BY_NEMO_RL["overrides"], ids=lambda e: " ".join(e["overrides"]))
+def test_overrides_are_taken_and_refused_as_nemo_rl_takes_them(entry):
+    """NeMo-RL applies the command line in Hydra's struct mode: key=value needs the key, +key=value a new one."""
+    from bridge_freeze_plugin.errors import ConfigLoadError
+
+    path, overrides = nemo_rl(entry["config"]), entry["overrides"]
+    if "error" in entry:
+        with pytest.raises(ConfigLoadError):
+            load_run(path, overrides)
+        return
+    run = load_run(path, overrides)
+    result = entry["result"]
+    expected = {"freeze_language_model": bool((result.get("model_overrides") or {}).get("freeze_language_model")),
+                "freeze_vision_model": bool(result.get("freeze_vision_model")),
+                "freeze_vision_projection": bool(result.get("freeze_vision_projection"))}
+    assert run.settings.selection.as_dict() == expected
+    assert run.settings.lora.rank == (result["peft"]["dim"] if result["peft"]["enabled"] else 0)
+    assert [own.value for own in run.settings.own_freeze if own.name == "freeze_moe_router"] == [
+        result["freeze_moe_router"]]
+
+
+def test_grpo_syncs_weights_so_lora_with_a_full_rank_part_is_refused_and_sft_accepts_it(capsys):
+    lora = [f"{MCFG}.peft.enabled=true", f"{MCFG}.peft.dim=8",
+            f"{MCFG}.peft.target_modules=[language_model.*linear_qkv]", f"+{MO}.freeze_language_model=true"]
+    code, _, err = check(capsys, nemo_rl(GRPO_MEGATRON), *lora)
+    assert code == 2 and "in an RL run: LoRA with full-rank parts" in err
+    assert "NeMo-RL's Megatron refit exports the whole merged model" in err
+    sft = [f"{MCFG}.enabled=true", "policy.dtensor_cfg.enabled=false", *lora]
+    doc = check_json(capsys, nemo_rl(SFT_VLM), *sft)
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == ["vision_model", "vision_projection"] and doc["frozen_parts"] == ["language_model"]
+    assert doc["lora"]["adapters"]["language_model"] == "yes"
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    (f"+{MCFG}.freeze_language_model=true", "NeMo-RL copies from policy.megatron_cfg to the model provider only"),
+    (f"+{MO}.freeze_vision_model=true", "duplicates a first-class policy.megatron_cfg setting"),
+    (f"+{MCFG}.train_patterns=[x]", f"Write {MO}.train_patterns"),
+    (f"+{MCFG}.lr_vision_model=0.001", "no optimizer_config_override_provider"),
+    (f"+{MCFG}.optimizer.lr_vision_projection=0.001", "no per-part learning rate is applied in a NeMo-RL run"),
+    ("+teacher.megatron_cfg.freeze_vision_model=true", "the distillation teacher never trains"),
+    ("+policy.tokenizer.extra=${oc.env:BRIDGE_FREEZE_UNSET_VARIABLE}", "NeMo-RL resolves the whole config"),
+])
+def test_what_a_nemo_rl_run_would_not_apply_is_refused_with_the_reason(override, words):
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(nemo_rl(GRPO_MEGATRON), [override]).validate()
+    assert words in str(err.value)
+
+
+def test_a_teacher_flag_set_false_is_accepted():
+    """A YAML merge of the policy into the teacher copies its keys; false there asks nothing."""
+    assert load_run(nemo_rl(GRPO_MEGATRON), ["+teacher.megatron_cfg.freeze_vision_model=false"]).validate() == \
+        FreezeSelection()
+
+
+def test_nemo_rls_own_freeze_config_hook_is_read_and_checked_against_the_flags(capsys):
+    """policy.megatron_cfg.freeze_config: NeMo-RL's pre-wrap hook passes it to the model's freeze()."""
+    hook = f"+{MCFG}.freeze_config.freeze_vision_model=true"
+    doc = check_json(capsys, nemo_rl(GRPO_MEGATRON), hook)
+    assert doc["valid"] and doc["frozen_parts"] == ["vision_model"], doc["error"]
+    with pytest.raises(InvalidFreezeConfigError, match="the build refuses a pre-wrap hook that freezes a part"):
+        load_run(nemo_rl(GRPO_MEGATRON), [hook, f"+{MO}.freeze_language_model=true"]).validate()
+    agreeing = [hook, f"++{MCFG}.freeze_vision_model=true"]
+    assert load_run(nemo_rl(GRPO_MEGATRON), agreeing).validate() == VISION
+
+
+def test_the_family_comes_from_a_local_checkpoint_and_unwritten_flags_keep_the_providers_defaults(tmp_path, capsys):
+    """NeMo-RL copies only the flags a config writes: Bridge's Qwen3VLMoEModelProvider freezes the LM and the
+    vision encoder by default (qwen3_vl_provider.py), so they stay frozen unless written false."""
+    checkpoint = tmp_path / "Qwen3-VL-30B-A3B"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
+    doc = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}")
+    assert doc["valid"] and doc["family"] == "qwen3_vl_moe", doc["error"]
+    assert doc["trained_parts"] == ["vision_projection"] and doc["frozen_parts"] == ["language_model", "vision_model"]
+    assert "Qwen3VLMoEModelProvider: true" in doc["settings"][f"{MCFG}.freeze_vision_model"]["source"]
+    written = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}",
+                         f"+{MCFG}.freeze_vision_model=false", f"+{MO}.freeze_language_model=false")
+    assert written["trained_parts"] == PARTS
+    _, out, _ = check(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}")
+    assert "family: qwen3_vl_moe (from policy.model_name's config.json (model_type))" in out
+
+
+def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
+    """NeMo-RL's DPO as one more table: detected from policy: + dpo:, no weight sync (the RL rule is a trait)."""
+    from dataclasses import replace
+
+    from bridge_freeze_plugin.config import layouts
+
+    dpo = replace(layouts.NEMO_RL, name="nemo_rl_dpo", title="NeMo-RL DPO",
+                  decides=(layouts.Marker(("policy", "dpo")),), hints=(), syncs_weights_with=())
+    monkeypatch.setitem(layouts.LAYOUTS, dpo.name, dpo)
+    path = write(tmp_path / "dpo.yaml", {"dpo": {"seed": 1}, "policy": {
+        "model_name": "Qwen/Qwen2.5-VL-3B-Instruct", "dtensor_cfg": {"enabled": False},
+        "megatron_cfg": {"enabled": True, "peft": {"enabled": True, "dim": 8, "target_modules": ["linear_qkv"]},
+                         "model_overrides": {"freeze_language_model": True}}}})
+    doc = check_json(capsys, path)
+    assert doc["valid"] and doc["layout"] == "nemo_rl_dpo", doc["error"]
+    assert doc["trained_parts"] == ["vision_model", "vision_projection"]
