@@ -8,9 +8,10 @@ configuration's). Nothing here prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,29 @@ def _build_context(family_name: str, tiny_name: str | None) -> Any:
     return cpu_build_context(family_name)
 
 
+@contextlib.contextmanager
+def _process_groups_once() -> Iterator[None]:
+    """megatron-core modules built without a process-group collection each ask parallel_state for one
+    (``ProcessGroupCollection.use_mpu_process_groups``): about 48,000 times, 4 s of a 235B build. The groups do
+    not change during a build, so each request is answered once and then from memory, for this build only."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    original = ProcessGroupCollection.__dict__["use_mpu_process_groups"]
+    answers: dict[tuple[str, ...] | None, Any] = {}
+
+    def once(cls: type, required_pgs: list[str] | None = None) -> Any:
+        key = None if required_pgs is None else tuple(required_pgs)
+        if key not in answers:
+            answers[key] = original.__func__(cls, required_pgs)
+        return answers[key]
+
+    ProcessGroupCollection.use_mpu_process_groups = classmethod(once)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ProcessGroupCollection.use_mpu_process_groups = original  # type: ignore[method-assign]
+
+
 def build_meta_model(
     provider: Any, *, family_name: str, tiny_name: str | None = None, lora: Any = None
 ) -> tuple[Any, frozenset[str] | None]:
@@ -117,7 +141,7 @@ def build_meta_model(
     provider.init_model_with_meta_device = True
     provider.use_cpu_initialization = True
     provider.perform_initialization = False
-    with _build_context(family_name, tiny_name):
+    with _build_context(family_name, tiny_name), _process_groups_once():
         if getattr(provider, "_pg_collection", None) is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
