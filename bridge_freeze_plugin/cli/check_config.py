@@ -304,7 +304,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="validate a training config's freeze flags and print the effective selection",
         description="Validate a training config as the run would see it: the YAML file (optional), its Hydra "
                     "defaults list, the layout's defaults and the overrides (key=v, +key=v, ++key=v, ~key). "
-                    "The layout (SFT, RL, or Megatron-Bridge's ConfigContainer) is detected from the config. "
+                    "The layout (SFT, RL, Megatron-Bridge's ConfigContainer, or NeMo-RL) is detected from the config. "
                     "Exit 0 and the effective selection when valid; exit 2 and the error when not.",
         epilog="examples:\n"
                "  bridge-freeze check-config sft.yaml\n"
@@ -312,7 +312,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "  bridge-freeze check-config megatron_config.freeze_vision_model=true      (no file: SFT defaults)\n"
                "  bridge-freeze check-config ppo_base.yaml +trainer.policy.megatron_config.freeze_vision_model=true\n"
                "  bridge-freeze check-config ckpt/run_config.yaml model.freeze_vision_model=True\n"
-               "  bridge-freeze check-config sft.yaml --family qwen3_vl --json\n\n"
+               "  bridge-freeze check-config sft.yaml --family qwen3_vl --json\n"
+               "  bridge-freeze check-config vlm_grpo_3B_megatron.yaml +policy.megatron_cfg.freeze_vision_model=true"
+               "   (NeMo-RL)\n\n"
                "The config layouts and rules are in docs/configuration.md.",
     )
     check.add_argument("file", metavar="FILE",

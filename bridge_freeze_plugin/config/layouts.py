@@ -500,7 +500,7 @@ def evidence(top: Mapping[str, Any]) -> dict[str, Evidence]:
 
 def _what_decides(layout: Layout) -> str:
     keys = " or ".join(" + ".join(f"{k}:" for k in m.keys) for m in layout.decides)
-    return f"a {layout.title} config has {keys}" if keys else f"a {layout.title} config"
+    return f"{layout.title}: {keys}" if keys else layout.title
 
 
 def detect(top: Mapping[str, Any], what: str) -> tuple[Layout, str]:
@@ -515,8 +515,9 @@ def detect(top: Mapping[str, Any], what: str) -> tuple[Layout, str]:
     names = ", ".join(LAYOUTS)
     if not found:
         raise ConfigLoadError(
-            f"{what} matches no config layout (top-level keys: {', '.join(map(str, top)) or 'none'}): "
-            f"{'; '.join(_what_decides(layout) for layout in LAYOUTS.values())}. Name it with --layout ({names})"
+            f"{what} matches no config layout (top-level keys: {', '.join(map(str, top)) or 'none'}); each layout's "
+            f"deciding keys: {'; '.join(_what_decides(layout) for layout in LAYOUTS.values())}. Name it with "
+            f"--layout ({names})"
         )
     best = max(e.strength for e in found.values())
     top_layouts = [e for e in found.values() if e.strength == best]
