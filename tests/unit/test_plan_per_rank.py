@@ -129,6 +129,55 @@ def test_every_rank_of_a_real_build_has_the_planned_parameters(builds, name):
         assert planned[(0, 1, 0)]["trainable"] == 0 < planned[(0, 0, 0)]["trainable"]
 
 
+# --- the command ------------------------------------------------------------------------------------------
+
+
+PER_RANK_KEYS = {"tp", "pp", "ep", "parameters", "trainable", "weight_bytes", "grad_bytes", "optimizer_bytes",
+                 "activation_bytes", "in_flight_micro_batches", "peak_activation_bytes", "total_bytes",
+                 "language_layers", "vision_layers"}
+
+
+@pytest.mark.slow  # one CLI process (Bridge import + 1 per-rank build): about 20 s on 2 shared cores
+def test_plan_json_lists_every_rank_position_and_the_fit(tmp_path):
+    exe = Path(sys.executable).with_name("bridge-freeze")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [str(exe), "plan", "qwen3_vl_moe", "--tiny", "--tp", "2", "--ep", "2", "--use-distributed-optimizer",
+         "--seq-length", "512", "--gpu-memory", "4MiB", "--json"],
+        capture_output=True, text=True, timeout=300, env={**env, "PYTHONWARNINGS": "ignore"}, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["layout"]["world_size"] == 4 and doc["layout"]["data_parallel_size"] == 2
+    assert doc["layout"]["expert_data_parallel_size"] == 1  # 4 GPUs / (PP 1 x EP 2 x ETP 2)
+    ranks = doc["per_rank"]
+    assert [(r["tp"], r["pp"], r["ep"]) for r in ranks] == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1)]
+    assert all(set(r) == PER_RANK_KEYS for r in ranks)
+    largest = max(r["total_bytes"] for r in ranks)
+    assert doc["gpu_memory"] == {"bytes": 4 * 2**20, "largest_rank_fits": largest <= 4 * 2**20}
+    assert doc["activation"]["seq_length"] == 512 and doc["activation"]["sequence_parallel"] is True
+    # the dense buffer is sharded over 2 data-parallel ranks, the expert buffer over 1: less than unsharded
+    assert all(r["optimizer_bytes"] < r["trainable"] * 12 for r in ranks)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--vp", "2"), "--virtual-pipeline-model-parallel-size 2 needs a pipeline"),
+    (("--ep", "4", "--dp", "1"), "the smallest data-parallel size that fits is 4"),
+    (("--tp", "0"), "argument --tensor-model-parallel-size/--tp: must be an integer >= 1, got '0'"),
+    (("--gpu-memory", "lots"), "must be a memory size such as 80GiB"),
+    (("--dp-size", "4", "--dp", "2", "--use-distributed-optimizer"), "--dp-size 4 and the layout's distributed"),
+])
+def test_layout_options_are_refused_before_any_build(capsys, args, message):
+    from bridge_freeze_plugin.cli import main
+
+    try:
+        code = main(["plan", "qwen3_vl_moe", "--tiny", *args])
+    except SystemExit as exc:  # a bad value is refused by argparse itself
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
 # --- activations --------------------------------------------------------------------------------------------
 
 
