@@ -201,8 +201,12 @@ def _guard_uncovered_providers(_module: ModuleType) -> None:
     if base is None or not STATE.active:
         return
     with STATE.lock:
+        registered = _registered_paths()
         for klass in [base, *_all_subclasses(base)]:
-            _guard_class(klass)
+            if class_path(klass) in registered and not any(is_plugin_class(k) for k in klass.__mro__):
+                patch_provider_class(klass)  # every live class of a family (also one made by a reload)
+            else:
+                _guard_class(klass)
         if "__init_subclass__" not in STATE.guarded.get(base, {}):
             original = base.__dict__.get("__init_subclass__", MISSING)
             STATE.guarded.setdefault(base, {})["__init_subclass__"] = original

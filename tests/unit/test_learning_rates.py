@@ -381,7 +381,9 @@ def test_bridges_setup_optimizer_is_checked_automatically(rig, caplog):
             return OptimizerConfigOverrideProvider().build_config_overrides(context)
 
     original = getattr(bridge_optim.setup_optimizer, "__bridge_freeze_wrapped__", None)
-    assert original is not None and bridge_setup.setup_optimizer is bridge_optim.setup_optimizer  # wrapped while active
+    # wrapped while active, in both modules (setup.py's name is the optim module's, or, after a deactivate /
+    # activate cycle, a wrapper of its own around the same function)
+    assert original is not None and bridge_setup.setup_optimizer.__bridge_freeze_wrapped__ is original
     scheduler_config = SchedulerConfig(lr_decay_style="linear", start_weight_decay=0.1, end_weight_decay=0.1,
                                        weight_decay_incr_style="constant")
     # the step counts Bridge's ConfigContainer derives from the training length
@@ -398,9 +400,6 @@ def test_bridges_setup_optimizer_is_checked_automatically(rig, caplog):
     with _cpu_for_cuda(), pytest.raises(PartLearningRateError, match=r"lr_vision_projection=0\.02"):
         bridge_optim.setup_optimizer(config, scheduler_config, rig.chunks,
                                      optimizer_config_override_provider=IgnoredByTheBuild(lr_vision_projection=2e-2))
-    from megatron.bridge.training import setup as bridge_setup  # takes the name from the (wrapped) optim module
-
-    assert bridge_setup.setup_optimizer.__bridge_freeze_wrapped__ is original
     bfp.deactivate()
     try:
         assert bridge_optim.setup_optimizer is original  # undone, in both modules
