@@ -8,7 +8,7 @@ The flow, module by module: :mod:`~bridge_freeze_plugin.selection` (what is aske
 :mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.registry` +
 :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.provider` +
 :mod:`~bridge_freeze_plugin.mixins` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
-:mod:`~bridge_freeze_plugin.build` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.report`.
+:mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.report`.
 """
 
 import importlib
@@ -16,9 +16,6 @@ from typing import Any
 
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
 from bridge_freeze_plugin.activation import activate, deactivate, is_active
-from bridge_freeze_plugin.build.freeze import apply_selection
-from bridge_freeze_plugin.build.lora import trainable_state_dict
-from bridge_freeze_plugin.distributed import last_report
 from bridge_freeze_plugin.errors import (
     AdapterExportError,
     BridgeFreezeError,
@@ -42,6 +39,9 @@ from bridge_freeze_plugin.errors import (
     Violation,
 )
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
+from bridge_freeze_plugin.prewrap.freeze import apply_selection
+from bridge_freeze_plugin.prewrap.lora import trainable_state_dict
+from bridge_freeze_plugin.prewrap.model_wide import last_report
 from bridge_freeze_plugin.registry import (
     REGISTRY,
     FamilySpec,

@@ -5,8 +5,8 @@ imports ``megatron.bridge`` (see ``_bridge_freeze_autoload``). For each provider
 registered family it installs, in place, once the class's module is imported:
 
 - ``provide()`` and ``provide_distributed_model()`` wrappers running the plugin's build
-  (:mod:`bridge_freeze_plugin.build.pipeline`);
-- the three flags as :class:`~bridge_freeze_plugin.build.flags.FlagField` descriptors, defaulting to
+  (:mod:`bridge_freeze_plugin.prewrap.pipeline`);
+- the three flags as :class:`~bridge_freeze_plugin.prewrap.flags.FlagField` descriptors, defaulting to
   ``False`` (Bridge's ``Qwen3VLMoEModelProvider`` defaults two of them to ``True``); the original
   defaults are remembered and named in the report.
 
@@ -31,11 +31,11 @@ from types import ModuleType
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
-from bridge_freeze_plugin.build.flags import FlagField
-from bridge_freeze_plugin.build.pipeline import get_model_frozen, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import setup_check
+from bridge_freeze_plugin.prewrap.flags import FlagField
+from bridge_freeze_plugin.prewrap.pipeline import get_model_frozen, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.provider import declared_default, is_plugin_class, resolve_family
 from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0

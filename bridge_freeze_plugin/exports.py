@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bridge_freeze_plugin.build.freeze import PART_ATTR
 from bridge_freeze_plugin.errors import AdapterExportError
+from bridge_freeze_plugin.prewrap.freeze import PART_ATTR
 from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS
 
 AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")

@@ -10,7 +10,7 @@ Put the mixin first among the bases of a Bridge provider dataclass::
 
 or turn an existing provider (e.g. from ``AutoBridge.to_megatron_provider()``) into one with
 :func:`make_freezable`, which also writes a selection to it. The build itself is
-:mod:`bridge_freeze_plugin.build.pipeline`; this module only adapts a provider class to it.
+:mod:`bridge_freeze_plugin.prewrap.pipeline`; this module only adapts a provider class to it.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bridge_freeze_plugin.build.context import BuildContext
-from bridge_freeze_plugin.build.flags import FlagField
-from bridge_freeze_plugin.build.freeze import freeze_chunks
-from bridge_freeze_plugin.build.hooks import HookChain
-from bridge_freeze_plugin.build.pipeline import preflight, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.mixins.generated import freezable_class
+from bridge_freeze_plugin.prewrap.context import BuildContext
+from bridge_freeze_plugin.prewrap.flags import FlagField
+from bridge_freeze_plugin.prewrap.freeze import freeze_chunks
+from bridge_freeze_plugin.prewrap.hooks import HookChain
+from bridge_freeze_plugin.prewrap.pipeline import preflight, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.provider import PLUGIN_CLASS_MARK, resolve_family, write_selection
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import FreezeReport
@@ -43,7 +43,7 @@ class FreezableVLMProvider:
     #: ``run_config.yaml`` keeps them
     train_patterns: tuple[str, ...] = ()
     freeze_patterns: tuple[str, ...] = ()
-    #: full recompute where it breaks gradients: "fix" (turned off there) or "refuse" (see build.vision_recompute)
+    #: full recompute where it breaks gradients: "fix" (turned off there) or "refuse" (see prewrap.recompute_fix)
     vision_recompute_policy: str = "fix"
 
     @property

@@ -14,9 +14,9 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from bridge_freeze_plugin.build.freeze import PART_ATTR
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim.settings import ADAPTERS, PartLearningRates
+from bridge_freeze_plugin.prewrap.freeze import PART_ATTR
 from bridge_freeze_plugin.state import chunk_state
 
 if TYPE_CHECKING:

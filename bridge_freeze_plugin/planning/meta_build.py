@@ -51,8 +51,8 @@ def collect_params(model: Any, family: FamilySpec, base_names: frozenset[str] | 
     ``base_names``: the parameter names before a PEFT hook ran; a trainable parameter whose (unwrapped) name is
     not among them is an adapter.
     """
-    from bridge_freeze_plugin.build.adapters import base_name
-    from bridge_freeze_plugin.build.classify import Classifier, as_chunks, named_parameters
+    from bridge_freeze_plugin.prewrap.adapters import base_name
+    from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks, named_parameters
 
     classifier = Classifier(family)
     seen: set[int] = set()
@@ -73,8 +73,8 @@ def apply_lora(provider: Any, model: Any, lora: Any) -> tuple[Any, frozenset[str
     full-rank parts, the guarantee), as a real build would; returns the model and its names before LoRA."""
     import torch
 
-    from bridge_freeze_plugin.build.hooks import HookChain
-    from bridge_freeze_plugin.build.pipeline import preflight
+    from bridge_freeze_plugin.prewrap.hooks import HookChain
+    from bridge_freeze_plugin.prewrap.pipeline import preflight
 
     before = frozenset(name for name, _ in model.named_parameters())
     with torch.device("meta"):

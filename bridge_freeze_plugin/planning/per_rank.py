@@ -209,7 +209,7 @@ def _one_rank_of_many() -> Iterator[None]:
     alone would be refused for holding no vision encoder. The plan's whole-model build already gave both
     verdicts for the same selection; here they are skipped. Every per-rank check stays."""
     from bridge_freeze_plugin import distributed
-    from bridge_freeze_plugin.build import hooks
+    from bridge_freeze_plugin.prewrap import hooks
 
     saved = hooks.check_parts_present, distributed.check_matched
     hooks.check_parts_present = lambda *_args, **_kwargs: None  # type: ignore[assignment]

@@ -71,7 +71,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_modules_are_found():
     names = {p.relative_to(PACKAGE).as_posix() for p in MODULES}
-    assert {"__init__.py", "activation.py", "registry.py", "mixins/freezable.py", "build/pipeline.py"} <= names
+    assert {"__init__.py", "activation.py", "registry.py", "mixins/freezable.py", "prewrap/pipeline.py"} <= names
 
 
 def test_the_import_scanner_tells_module_level_from_function_bodies():
@@ -137,7 +137,7 @@ def _resolve(module: str) -> Path | None:
 def _runtime_closure() -> dict[str, set[str]]:
     """Every plugin module the runtime reaches (all imports followed, function bodies included)."""
     roots = [PACKAGE / "__init__.py", PACKAGE / "activation.py", PACKAGE / "validation.py",
-             *sorted((PACKAGE / "build").glob("*.py")), *sorted((PACKAGE / "mixins").glob("*.py"))]
+             *sorted((PACKAGE / "prewrap").glob("*.py")), *sorted((PACKAGE / "mixins").glob("*.py"))]
     seen: dict[str, set[str]] = {}
     stack = [p for p in roots if p.is_file()]
     while stack:
@@ -159,7 +159,7 @@ def _runtime_closure() -> dict[str, set[str]]:
 
 def test_no_runtime_module_reaches_the_harness_by_any_import():
     closure = _runtime_closure()
-    assert {"bridge_freeze_plugin.build.pipeline", "bridge_freeze_plugin.activation"} <= set(closure)
+    assert {"bridge_freeze_plugin.prewrap.pipeline", "bridge_freeze_plugin.activation"} <= set(closure)
     offenders = {m for m, imported in closure.items() if any(_top(i) == TESTING for i in imported)}
     assert not offenders, f"runtime modules importing {TESTING}: {sorted(offenders)}"
     command = {m for m in closure if m.startswith(("bridge_freeze_plugin.cli", "bridge_freeze_plugin.plan"))}

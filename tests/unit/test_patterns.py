@@ -15,9 +15,9 @@ from _family_parts import PARTS
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 from bridge_freeze_plugin import FamilySpec, FreezeSelection, apply_selection
-from bridge_freeze_plugin.build.model_names import _rename
 from bridge_freeze_plugin.errors import FreezeGuaranteeError, InvalidPatternError, UnmatchedPatternError
 from bridge_freeze_plugin.patterns import PatternSet, check_matched, compile_pattern
+from bridge_freeze_plugin.prewrap.model_names import _rename
 
 FLAG_OF = {"language_model": "freeze_language_model", "vision_model": "freeze_vision_model",
            "vision_projection": "freeze_vision_projection"}

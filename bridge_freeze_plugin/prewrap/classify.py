@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from bridge_freeze_plugin.build.adapters import base_name
+from bridge_freeze_plugin.prewrap.adapters import base_name
 from bridge_freeze_plugin.registry import FamilySpec, canonical_name
 from bridge_freeze_plugin.selection import Part
 

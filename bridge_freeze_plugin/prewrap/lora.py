@@ -23,10 +23,10 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_freeze_plugin.build.adapters import WRAPPER_SEGMENTS
-from bridge_freeze_plugin.build.classify import Classifier, as_chunks
-from bridge_freeze_plugin.build.context import BuildContext
 from bridge_freeze_plugin.errors import LoraOverlapError
+from bridge_freeze_plugin.prewrap.adapters import WRAPPER_SEGMENTS
+from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks
+from bridge_freeze_plugin.prewrap.context import BuildContext
 
 _SHOWN = 12
 #: Bridge's PEFT base class (a PEFT object is recognised by it, never by a name).

@@ -18,14 +18,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_freeze_plugin.build import vision_recompute
-from bridge_freeze_plugin.build.collective import errors_agreed
-from bridge_freeze_plugin.build.context import BuildContext
-from bridge_freeze_plugin.build.flags import flags_hidden
-from bridge_freeze_plugin.build.freeze import claim_report, freeze_chunks
-from bridge_freeze_plugin.build.hooks import HookChain, user_hooks
-from bridge_freeze_plugin.distributed import store_report
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
+from bridge_freeze_plugin.prewrap import recompute_fix
+from bridge_freeze_plugin.prewrap.collective import errors_agreed
+from bridge_freeze_plugin.prewrap.context import BuildContext
+from bridge_freeze_plugin.prewrap.flags import flags_hidden
+from bridge_freeze_plugin.prewrap.freeze import claim_report, freeze_chunks
+from bridge_freeze_plugin.prewrap.hooks import HookChain, user_hooks
+from bridge_freeze_plugin.prewrap.model_wide import store_report
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import family_for_provider
 from bridge_freeze_plugin.report import log_report
@@ -71,15 +71,15 @@ def check_recompute(provider: Any, context: BuildContext) -> BuildContext:
     error here, and no flag set a warning once per provider.
     """
     granularity = getattr(provider, "recompute_granularity", None)
-    if not vision_recompute.needs_fix(context.family, context.selection, granularity):
+    if not recompute_fix.needs_fix(context.family, context.selection, granularity):
         return context
     assert context.family is not None
-    if vision_recompute.policy_of(provider) == "fix":
-        notes = (*context.notes, vision_recompute.note(context.family))
+    if recompute_fix.policy_of(provider) == "fix":
+        notes = (*context.notes, recompute_fix.note(context.family))
         return dataclasses.replace(context, notes=notes, vision_recompute_off=True)
     state = provider_state(provider)
     if context.selection.any_set or not state.recompute_warned:
-        vision_recompute.refuse(context, warn_only=not context.selection.any_set, rank0=is_rank0())
+        recompute_fix.refuse(context, warn_only=not context.selection.any_set, rank0=is_rank0())
         state.recompute_warned = True
     return context
 
@@ -108,7 +108,7 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     with errors_agreed(distributed):
         report, _ = freeze_chunks(model, context)
         if context.vision_recompute_off:
-            vision_recompute.turn_off(model, context.family)
+            recompute_fix.turn_off(model, context.family)
     if not distributed:  # (provide_distributed_model stores and logs the model-wide report)
         store_report(provider, report)
         if claim_report(model):

@@ -17,16 +17,16 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bridge_freeze_plugin.build import guarantee, vision_recompute
-from bridge_freeze_plugin.build.adapters import hook_name
-from bridge_freeze_plugin.build.classify import Classifier, as_chunks
-from bridge_freeze_plugin.build.collective import run_agreed
-from bridge_freeze_plugin.build.context import BuildContext
-from bridge_freeze_plugin.build.freeze import claim_report, count_parts, freeze_chunks
-from bridge_freeze_plugin.build.lora import after_peft, find_peft
-from bridge_freeze_plugin.distributed import model_wide_report, store_report
 from bridge_freeze_plugin.errors import EmptyPartError
 from bridge_freeze_plugin.patterns import check_lora_targets
+from bridge_freeze_plugin.prewrap import guarantee, recompute_fix
+from bridge_freeze_plugin.prewrap.adapters import hook_name
+from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks
+from bridge_freeze_plugin.prewrap.collective import run_agreed
+from bridge_freeze_plugin.prewrap.context import BuildContext
+from bridge_freeze_plugin.prewrap.freeze import claim_report, count_parts, freeze_chunks
+from bridge_freeze_plugin.prewrap.lora import after_peft, find_peft
+from bridge_freeze_plugin.prewrap.model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.report import FreezeReport, log_report
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS
 
@@ -123,7 +123,7 @@ class HookChain:
                 narrowing.setdefault(key, (name, part, hook_name(hook)))
         if classifier is not None:
             guarantee.check(model, self.context, classifier, culprit, adapters=adapters, added=added)
-            self.context = vision_recompute.after_hooks(model, self.provider, self.context)
+            self.context = recompute_fix.after_hooks(model, self.provider, self.context)
             self.context = _with_narrowing_notes(self.context, model, narrowing)
         return model, classifier
 

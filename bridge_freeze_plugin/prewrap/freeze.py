@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bridge_freeze_plugin.build.classify import Classifier, as_chunks, named_parameters
-from bridge_freeze_plugin.build.context import BuildContext
-from bridge_freeze_plugin.build.model_names import model_wide_names, names_are_model_wide
 from bridge_freeze_plugin.counting import PartTally, tally_parameters
 from bridge_freeze_plugin.errors import UnclassifiedParameterError
 from bridge_freeze_plugin.patterns import PatternSummary, PatternTally, check_matched
+from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks, named_parameters
+from bridge_freeze_plugin.prewrap.context import BuildContext
+from bridge_freeze_plugin.prewrap.model_names import model_wide_names, names_are_model_wide
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.selection import FreezeSelection
@@ -40,7 +40,7 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     the family raises :class:`UnclassifiedParameterError` listing the names. Idempotent.
     With train / freeze patterns, parameters are remembered under their model-wide names (what patterns
     match) and, when this rank holds the whole model, a pattern that matches nothing raises here
-    (:class:`UnmatchedPatternError`; otherwise the model-wide report checks it, see :mod:`..distributed`).
+    (:class:`UnmatchedPatternError`; otherwise the model-wide report checks it, see :mod:`.model_wide`).
     Returns the report and the classifier that remembers each parameter's part by identity.
     """
     family, selection = context.family, context.selection

@@ -21,15 +21,15 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from bridge_freeze_plugin.build.adapters import base_name
-from bridge_freeze_plugin.build.classify import as_chunks
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError
+from bridge_freeze_plugin.prewrap.adapters import base_name
+from bridge_freeze_plugin.prewrap.classify import as_chunks
 from bridge_freeze_plugin.recompute import affected_parts, is_full
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.selection import FreezeSelection
 
 if TYPE_CHECKING:
-    from bridge_freeze_plugin.build.context import BuildContext
+    from bridge_freeze_plugin.prewrap.context import BuildContext
 
 logger = logging.getLogger("bridge_freeze_plugin")
 

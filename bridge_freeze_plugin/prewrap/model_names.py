@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bridge_freeze_plugin.build.classify import as_chunks
+from bridge_freeze_plugin.prewrap.classify import as_chunks
 from bridge_freeze_plugin.ranks import world
 from bridge_freeze_plugin.registry import canonical_name
 
