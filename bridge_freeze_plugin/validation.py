@@ -1,6 +1,6 @@
 """Config validation for SFT, RL and Bridge runs: every bad combination fails before a model is built.
 
-Each public function reads (:mod:`bridge_freeze_plugin.config`: loading, layouts, reading), then checks
+Each public function reads (:mod:`bridge_freeze_plugin.config`: YAML and overrides, layouts, reading), then checks
 (:mod:`bridge_freeze_plugin.rules`). The rules: a flag needs strategy ``megatron``; a language-model-only
 run has no vision part; all three frozen needs LoRA; LoRA with a partial selection is refused; no flag
 under the reference model; a flag on a provider no family covers; full recompute on a family whose

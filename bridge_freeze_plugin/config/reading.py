@@ -17,7 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.config.layouts import PLUGIN_KEYS, Layout, OwnSetting, plugin_sections
-from bridge_freeze_plugin.config.loading import brief
+from bridge_freeze_plugin.config.yaml_overrides import brief
 from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,
     InvalidFreezeConfigError,

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from bridge_freeze_plugin.config import layouts
 from bridge_freeze_plugin.config.compose import compose
 from bridge_freeze_plugin.config.layouts import Layout
-from bridge_freeze_plugin.config.loading import (
+from bridge_freeze_plugin.config.reading import IN_CONFIG, resolvers, unread_freeze_keys
+from bridge_freeze_plugin.config.yaml_overrides import (
     BLOCKED,
     FOUND,
     Override,
@@ -27,7 +28,6 @@ from bridge_freeze_plugin.config.loading import (
     parse_override,
     read_yaml_file,
 )
-from bridge_freeze_plugin.config.reading import IN_CONFIG, resolvers, unread_freeze_keys
 from bridge_freeze_plugin.errors import ConfigLoadError
 
 #: The source of a key the config does not have (its value is the rules' "unset").

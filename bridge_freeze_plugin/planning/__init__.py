@@ -1,6 +1,6 @@
 """Plan a freeze before any GPU is involved: build the real Bridge model on the meta device and count.
 
-``bridge-freeze plan`` uses this package: :mod:`.models` says which model (MODEL + ``--tiny`` /
+``bridge-freeze plan`` uses this package: :mod:`.model_choice` says which model (MODEL + ``--tiny`` /
 ``--hf-config``), :mod:`.config_checks` checks a ``config.json`` before anything is built, :mod:`.meta_build`
 builds the model on PyTorch's meta device with the selection applied by the plugin's own freeze, and
 :mod:`.estimate` turns the per-parameter records into per-part counts and the weight, gradient-buffer and
@@ -25,7 +25,7 @@ from bridge_freeze_plugin.planning.estimate import (
 )
 from bridge_freeze_plugin.planning.layout import Layout
 from bridge_freeze_plugin.planning.meta_build import build_meta_model, plan_model
-from bridge_freeze_plugin.planning.models import (
+from bridge_freeze_plugin.planning.model_choice import (
     config_file,
     hf_config_provider,
     load_hf_config,

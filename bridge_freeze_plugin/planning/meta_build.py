@@ -20,7 +20,7 @@ from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
 from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 from bridge_freeze_plugin.planning.estimate import MemoryAssumptions, ParamInfo, Plan, make_plan
 from bridge_freeze_plugin.planning.layout import Layout
-from bridge_freeze_plugin.planning.models import (
+from bridge_freeze_plugin.planning.model_choice import (
     convert_hf_config,
     error_line,
     load_hf_config,

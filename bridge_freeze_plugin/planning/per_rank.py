@@ -192,7 +192,7 @@ def _configure(provider: Any, layout: Layout) -> None:
     try:
         provider.finalize()
     except Exception as exc:  # megatron-core / Bridge refuse this layout for this model
-        from bridge_freeze_plugin.planning.models import error_line
+        from bridge_freeze_plugin.planning.model_choice import error_line
 
         hint = ""
         if "divisible by" in str(exc) and "pipeline" in str(exc):
@@ -396,7 +396,7 @@ def plan_ranks(
             except BridgeFreezeError:
                 raise
             except Exception as exc:
-                from bridge_freeze_plugin.planning.models import error_line
+                from bridge_freeze_plugin.planning.model_choice import error_line
 
                 cause = exc
                 while cause.__context__ is not None and "meta tensor" in str(cause):

@@ -1,4 +1,4 @@
-"""Reading a training config as the user wrote it: a YAML file, its defaults list, and command-line overrides.
+"""Safe YAML reading and Hydra-style command-line overrides: a config as the user wrote it, each value with its source.
 
 Nothing the user wrote is dropped: a file that holds no mapping, an override whose key has an empty
 segment or whose value is not YAML, a Hydra ``+key`` that adds an existing key or a ``~key`` that deletes
