@@ -26,6 +26,23 @@ Public entry points: :func:`cpu_build_context` (generic + a family's any-size CP
 full-size build), :mod:`bridge_freeze_harness.tiny` (tiny configurations: ``make_provider``,
 ``build_tiny_model``, ``build_tiny_chunks``, ``build_context``), :mod:`bridge_freeze_harness.train`
 (``trainable_families``, ``train_spec``, ``synthetic_batch``, ``loss_fn``, ``train_steps``).
+
+Every module (``tests/unit/test_harness_stubs.py`` checks that this list names them all):
+
+- import-time stubs: :mod:`._stub_window` (a module that exists only while chosen modules execute: the mechanism),
+  :mod:`._te_stub` (TransformerEngine for Bridge's two TE-importing modules), :mod:`._resiliency_stub`
+  (``nvidia_resiliency_ext`` for Bridge's ``training/pretrain.py``);
+- building: :mod:`.cpu_runtime` (gloo process group, model-parallel state, CPU RNG tracker), :mod:`.context`
+  (the build contexts), :mod:`.local_specs` and :mod:`.local_layers` (TE specs and classes -> local ones),
+  :mod:`.patching` (set attributes, restore in reverse order), :mod:`.tiny` (one module per family: tiny
+  configurations, CPU patches, train specs);
+- training steps: :mod:`.batches` (synthetic batches, ``TrainSpec``), :mod:`.forward` (CPU forward / backward
+  patches), :mod:`.train` (a few AdamW steps);
+- Bridge's real training loop: :mod:`.cpu_training` (``pretrain()`` / ``finetune()`` on a CPU), :mod:`.run_records`
+  (a recording callback, checkpoints read back);
+- the user's flow: :mod:`.hf_checkpoint` (tiny random HF checkpoints, the CPU provider Bridge converts them to),
+  :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``);
+- no Megatron at all: :mod:`.stand_ins` (plain PyTorch modules with a real model's parameter names).
 """
 
 from bridge_freeze_harness.context import cpu_build_context

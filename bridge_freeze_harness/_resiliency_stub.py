@@ -5,10 +5,10 @@ a type annotation only (``_pretrain(..., inprocess_call_wrapper: CallWrapper | N
 installed in the CPU environment: the only wheel that installs here (0.4.1; newer ones need glibc 2.39) makes
 ``import megatron.core`` fail (``dist_checkpointing/strategies/nvrx.py:85`` wants >= 0.6.0).
 
-So, like :mod:`._te_stub`, a :data:`sys.meta_path` finder wraps exactly that module: while it executes,
-``sys.modules`` holds a stub ``nvidia_resiliency_ext.inprocess`` with one class, ``CallWrapper``; afterwards the
-stub is removed again, so every other module's ``try: import nvidia_resiliency_ext...`` still sees no package.
-In-process restart (the only user of the real class) stays unavailable, as it is without the package.
+So, like :mod:`._te_stub`, a :data:`sys.meta_path` finder (:mod:`._stub_window`) wraps exactly that module:
+while it executes, ``sys.modules`` holds a stub ``nvidia_resiliency_ext.inprocess`` with one class, ``CallWrapper``;
+afterwards the stub is removed again, so every other module's ``try: import nvidia_resiliency_ext...`` still sees
+no package. In-process restart (the only user of the real class) stays unavailable, as it is without the package.
 
 Where the real package is importable, :func:`install` does nothing. Who imports this package, and why it is never
 on the plugin's runtime path: :mod:`bridge_freeze_harness`.
@@ -16,16 +16,15 @@ on the plugin's runtime path: :mod:`bridge_freeze_harness`.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 import types
 from typing import Any
 
+from bridge_freeze_harness._stub_window import StubWindowFinder
+
 #: The Bridge module whose top-level code names ``nvidia_resiliency_ext.inprocess.CallWrapper``.
 NEEDS_NVRX = "megatron.bridge.training.pretrain"
-_STUB_NAMES = ("nvidia_resiliency_ext", "nvidia_resiliency_ext.inprocess")
 
 
 class CallWrapper:
@@ -46,38 +45,7 @@ def _make_stub() -> dict[str, types.ModuleType]:
     return {"nvidia_resiliency_ext": root, "nvidia_resiliency_ext.inprocess": inprocess}
 
 
-class _StubDuringExec(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader) -> None:
-        self._wrapped = wrapped
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._wrapped.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        saved = {name: sys.modules.get(name) for name in _STUB_NAMES}
-        sys.modules.update(_make_stub())
-        try:
-            self._wrapped.exec_module(module)
-        finally:
-            for name, previous in saved.items():
-                if previous is None:
-                    sys.modules.pop(name, None)
-                else:
-                    sys.modules[name] = previous
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != NEEDS_NVRX:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _StubDuringExec(spec.loader)
-        return spec
-
-
-_FINDER = _Finder()
+_FINDER = StubWindowFinder({NEEDS_NVRX}, _make_stub)
 
 
 def real_package_available() -> bool:
@@ -89,4 +57,4 @@ def install() -> None:
     """Install the finder (idempotent). Does nothing where the real package is installed."""
     if _FINDER in sys.meta_path or real_package_available():
         return
-    sys.meta_path.insert(0, _FINDER)
+    _FINDER.install()

@@ -4,8 +4,8 @@
 (``peft/lora_layers.py`` and ``models/gpt_full_te_layer_autocast_spec.py``). Without CUDA the
 real TransformerEngine cannot load, so on a CPU machine ``import megatron.bridge`` fails.
 
-This module installs a :data:`sys.meta_path` finder that wraps exactly those two modules: while
-each one executes, ``sys.modules`` holds a stub ``transformer_engine`` package; afterwards the stub
+This module installs a :data:`sys.meta_path` finder (:mod:`._stub_window`) that wraps exactly those two modules:
+while each one executes, ``sys.modules`` holds a stub ``transformer_engine`` package; afterwards the stub
 is removed again. Every other module (megatron-core in particular) keeps seeing no
 TransformerEngine, so ``HAVE_TE`` stays ``False`` and the local (pure PyTorch) layers are used.
 
@@ -15,11 +15,11 @@ never on the plugin's runtime path: :mod:`bridge_freeze_harness`.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import types
 from typing import Any
+
+from bridge_freeze_harness._stub_window import StubWindowFinder
 
 #: Modules whose top-level code needs ``transformer_engine`` to import.
 NEEDS_TE = frozenset(
@@ -28,8 +28,6 @@ NEEDS_TE = frozenset(
         "megatron.bridge.models.gpt_full_te_layer_autocast_spec",
     }
 )
-
-_STUB_NAMES = ("transformer_engine", "transformer_engine.pytorch")
 
 
 class _StubMeta(type):
@@ -60,38 +58,7 @@ def _make_stub() -> dict[str, types.ModuleType]:
     return {"transformer_engine": root, "transformer_engine.pytorch": torch_mod}
 
 
-class _StubDuringExec(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader) -> None:
-        self._wrapped = wrapped
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._wrapped.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        saved = {name: sys.modules.get(name) for name in _STUB_NAMES}
-        sys.modules.update(_make_stub())
-        try:
-            self._wrapped.exec_module(module)
-        finally:
-            for name, previous in saved.items():
-                if previous is None:
-                    sys.modules.pop(name, None)
-                else:
-                    sys.modules[name] = previous
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in NEEDS_TE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _StubDuringExec(spec.loader)
-        return spec
-
-
-_FINDER = _Finder()
+_FINDER = StubWindowFinder(NEEDS_TE, _make_stub)
 
 
 def real_transformer_engine_available() -> bool:
@@ -105,8 +72,6 @@ def real_transformer_engine_available() -> bool:
 
 def install() -> None:
     """Install the finder (idempotent). Does nothing where the real TransformerEngine loads."""
-    if _FINDER in sys.meta_path:
+    if _FINDER in sys.meta_path or real_transformer_engine_available():
         return
-    if real_transformer_engine_available():
-        return
-    sys.meta_path.insert(0, _FINDER)
+    _FINDER.install()

@@ -1,0 +1,80 @@
+"""The harness's import-time stubs: a stub module exists only while a chosen module executes, and the
+harness package's docstring names every one of its modules."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from bridge_freeze_harness._stub_window import StubWindowFinder
+
+HARNESS = Path(__file__).resolve().parents[2] / "bridge_freeze_harness"
+
+
+@pytest.fixture
+def target_module(tmp_path, monkeypatch):
+    """A module ``stub_window_target`` on the path whose top-level code imports ``stub_window_dep`` (absent)."""
+    (tmp_path / "stub_window_target.py").write_text(
+        "import sys\nimport stub_window_dep\nSEEN = stub_window_dep.VALUE\n"
+        "PRESENT_WHILE_EXECUTING = 'stub_window_dep' in sys.modules\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "stub_window_target"
+    sys.modules.pop("stub_window_target", None)
+
+
+def _stub() -> dict[str, types.ModuleType]:
+    module = types.ModuleType("stub_window_dep")
+    module.VALUE = 7  # type: ignore[attr-defined]
+    return {"stub_window_dep": module}
+
+
+def test_the_stub_exists_only_while_the_target_executes(target_module):
+    finder = StubWindowFinder({target_module}, _stub)
+    sys.meta_path.insert(0, finder)
+    try:
+        module = __import__(target_module)
+    finally:
+        sys.meta_path.remove(finder)
+    assert (module.SEEN, module.PRESENT_WHILE_EXECUTING) == (7, True)
+    assert "stub_window_dep" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        __import__("stub_window_dep")
+
+
+def test_an_entry_present_before_is_put_back_and_other_modules_are_not_wrapped(target_module, monkeypatch):
+    before = types.ModuleType("stub_window_dep")
+    before.VALUE = 1  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "stub_window_dep", before)
+    finder = StubWindowFinder({target_module}, _stub)
+    assert finder.find_spec("json_not_a_target", None) is None
+    sys.meta_path.insert(0, finder)
+    try:
+        module = __import__(target_module)
+    finally:
+        sys.meta_path.remove(finder)
+    assert module.SEEN == 7
+    assert sys.modules["stub_window_dep"] is before
+
+
+def test_install_is_idempotent():
+    finder = StubWindowFinder({"no_such_module_here"}, _stub)
+    try:
+        finder.install()
+        finder.install()
+        assert sum(entry is finder for entry in sys.meta_path) == 1
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def test_the_package_docstring_names_every_module():
+    """Each module and subpackage of the harness (listed from the files, not from the docstring) is named there."""
+    modules = {p.stem for p in HARNESS.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in HARNESS.glob("*/__init__.py")}
+    doc = ast.get_docstring(ast.parse((HARNESS / "__init__.py").read_text(encoding="utf-8"))) or ""
+    assert {m for m in modules if f":mod:`.{m}`" not in doc} == set()
+    assert {"cpu_training", "run_records", "_resiliency_stub", "hf_checkpoint", "demo_flow", "tiny"} <= modules
