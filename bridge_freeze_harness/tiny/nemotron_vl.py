@@ -136,7 +136,7 @@ def _shrink(config: Any, **sizes: Any) -> Any:
     return config
 
 
-def _tiny_llava(**kwargs: Any) -> Any:
+def tiny_llava(**kwargs: Any) -> Any:
     """Shrink the vision and projection configs ``provide()`` hard-codes, then build the real LLaVAModel."""
     from megatron.core.models.multimodal.llava_model import LLaVAModel
 
@@ -161,24 +161,28 @@ def make_provider(**overrides: Any) -> Any:
     return finalized(provider, **overrides)
 
 
-@contextlib.contextmanager
-def cpu_patches() -> Iterator[None]:
-    """Any Nemotron-VL build: local hybrid spec and final norm, a buildable Mamba mixer (points 1-3 above)."""
-    from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
+def hybrid_build_patches(provider_module: Any) -> list[tuple[Any, str, Any]]:
+    """Points 1-3 for a provider module that names ``hybrid_stack_spec`` (Nemotron-VL's, Nemotron Omni's)."""
     from megatron.core.models.hybrid import hybrid_block
     from megatron.core.ssm import mamba_mixer
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     from bridge_freeze_harness.local_layers import GatedRMSNorm
 
-    with patched(
-        [
-            (nemotron_vl_provider, "hybrid_stack_spec", local_hybrid_stack_spec()),
-            (hybrid_block, "TENorm", WrappedTorchNorm),
-            (mamba_mixer, "HAVE_MAMBA_SSM", True),
-            (mamba_mixer, "ExtendedRMSNorm", GatedRMSNorm),
-        ]
-    ):
+    return [
+        (provider_module, "hybrid_stack_spec", local_hybrid_stack_spec()),
+        (hybrid_block, "TENorm", WrappedTorchNorm),
+        (mamba_mixer, "HAVE_MAMBA_SSM", True),
+        (mamba_mixer, "ExtendedRMSNorm", GatedRMSNorm),
+    ]
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Any Nemotron-VL build: local hybrid spec and final norm, a buildable Mamba mixer (points 1-3 above)."""
+    from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
+
+    with patched(hybrid_build_patches(nemotron_vl_provider)):
         yield
 
 
@@ -187,5 +191,5 @@ def tiny_patches() -> Iterator[None]:
     """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes (point 4)."""
     from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
 
-    with patched([(nemotron_vl_provider, "LLaVAModel", _tiny_llava)]):
+    with patched([(nemotron_vl_provider, "LLaVAModel", tiny_llava)]):
         yield

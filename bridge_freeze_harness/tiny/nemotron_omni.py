@@ -1,0 +1,152 @@
+"""Nemotron Omni: real ``NemotronOmniModelProvider`` / ``NemotronOmniModel`` WITH its sound encoder and projection.
+
+``provide()`` (Bridge's own) builds a real megatron-core ``LLaVAModel`` (``llava_model``) with a hybrid
+``HybridModel`` language model (Mamba + attention + MoE layers, ``language_model_type="nemotron6-moe"`` as
+Bridge's ``NemotronOmniBridge`` sets it), a real ``RADIOViTModel`` in dynamic-resolution mode, a real
+``MultimodalProjector`` vision projection, Bridge's ``BridgeSoundEncoder`` (``llava_model.sound_model``: HF
+transformers' ``ParakeetEncoder``, pure PyTorch, built from the provider's ``sound_config`` dict) and a second
+``MultimodalProjector`` (``llava_model.sound_projection``), and wraps it in Bridge's ``NemotronOmniModel``.
+Everything around ``provide()`` is Bridge's own code; the sound parts need no patch at all (their tiny sizes
+are provider fields: ``sound_config``, ``sound_hidden_size``, ``sound_projection_hidden_size``).
+
+The Omni provider module has its own ``NemotronVLModelProvider`` base and names ``hybrid_stack_spec`` and
+``LLaVAModel`` itself, so the patches are Nemotron-VL's applied to that module
+(:mod:`bridge_freeze_harness.tiny.nemotron_vl`, points 1-4): :func:`cpu_patches` = points 1-3 (local hybrid
+spec and final norm, a buildable Mamba mixer), :func:`tiny_patches` = point 4 (the vision tower and projection
+sizes ``provide()`` hard-codes). Its ViT spec getter (TE) is swapped by the generic build patches.
+
+Forward on the CPU: only without Mamba layers (mamba-ssm's kernels are CUDA-only): build with
+``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)`` and feed :func:`forward_inputs` (an image through the
+packed dynamic-resolution path and a sound clip) inside ``bridge_freeze_harness.forward.forward_patches``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from bridge_freeze_harness.batches import causal_mask, next_token_targets, random_text, token_row
+from bridge_freeze_harness.patching import patched
+from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
+from bridge_freeze_harness.tiny.nemotron_vl import TINY_MAMBA, hybrid_build_patches, tiny_llava
+
+REAL = True
+#: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
+CANNOT_TRAIN = "its Mamba layers' forward needs the CUDA-only mamba-ssm kernels (selective scan, causal conv1d)"
+
+#: One Mamba, one attention, one MoE layer: every layer kind of Nemotron-3 Omni's pattern.
+TINY_PATTERN = "M*E"
+#: No Mamba layer: pass as ``hybrid_layer_pattern`` where a test needs a CPU forward.
+FORWARD_PATTERN = "*E"
+
+#: Special ids at the top of the tiny vocabulary (the real ones are checkpoint values); all must be positive.
+TOKEN_IDS: dict[str, int] = {
+    "image_token_index": TINY_LM["vocab_size"] - 4,
+    "img_start_token_id": TINY_LM["vocab_size"] - 3,
+    "img_end_token_id": TINY_LM["vocab_size"] - 2,
+    "sound_context_token_id": TINY_LM["vocab_size"] - 1,
+}
+BOS, EOS = 1, 2
+
+TINY_SOUND_HIDDEN = 32
+#: The checkpoint's ``sound_config`` (Parakeet) as the provider holds it: a dict.
+TINY_SOUND_CONFIG: dict[str, Any] = {
+    "hidden_size": TINY_SOUND_HIDDEN,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 2 * TINY_SOUND_HIDDEN,
+    "num_mel_bins": 16,
+    "subsampling_factor": 8,
+    "conv_kernel_size": 9,
+}
+TINY_SOUND_FIELDS: dict[str, Any] = {
+    "has_sound": True,
+    "sound_config": TINY_SOUND_CONFIG,
+    "sound_hidden_size": TINY_SOUND_HIDDEN,
+    "sound_projection_hidden_size": 64,
+}
+
+#: Synthetic media: one 64x64 image (4x4 patches of 16, pixel-shuffled to 4 tokens) and 32 frames of mel
+#: features (the 8x subsampling makes 4 sound embeddings, one per sound token in the text).
+IMAGE_SIZE, PATCH = 64, 16
+SOUND_FRAMES, SOUND_TOKENS = 32, 4
+
+
+def make_provider(**overrides: Any) -> Any:
+    """The tiny Omni provider, sound parts included (``has_sound=False`` drops them)."""
+    from megatron.bridge.models.nemotron_omni.nemotron_omni_provider import NemotronOmniModelProvider
+
+    lm = {k: v for k, v in TINY_LM.items() if k != "num_layers"}  # finalize() derives it from the pattern
+    moe = {k: v for k, v in TINY_MOE_WITH_SHARED_EXPERT.items() if k != "moe_layer_freq"}  # the pattern decides
+    provider = NemotronOmniModelProvider(
+        **lm,
+        **moe,
+        **TINY_MAMBA,
+        **TOKEN_IDS,
+        **TINY_SOUND_FIELDS,
+        hybrid_layer_pattern=TINY_PATTERN,
+        language_model_type="nemotron6-moe",
+        first_last_layers_bf16=False,
+        cross_entropy_loss_fusion=False,
+    )
+    return finalized(provider, **overrides)
+
+
+def forward_inputs(provider: Any, batch_size: int = 1, seed: int = 0) -> dict[str, Any]:
+    """``model(**inputs)`` keywords: ``bos text <image> text <sound>*4 text eos`` per row, one image and one
+    sound clip per row. The image goes the packed dynamic-resolution way (``imgs_sizes`` +
+    ``vision_packed_seq_params``, which the CPU attention turns into a block-diagonal mask).
+    """
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    gen = torch.Generator().manual_seed(seed)
+    image, sound = TOKEN_IDS["image_token_index"], TOKEN_IDS["sound_context_token_id"]
+    low, high = 3, min(TOKEN_IDS.values())
+    rows = [
+        token_row([BOS, random_text(gen, 4, low, high), image, random_text(gen, 4, low, high),
+                   torch.full((SOUND_TOKENS,), sound), random_text(gen, 4, low, high), EOS])
+        for _ in range(batch_size)
+    ]
+    input_ids = torch.stack(rows)
+    labels, loss_mask = next_token_targets(input_ids, EOS, [image, sound])
+    patches = (IMAGE_SIZE // PATCH) ** 2
+    combined = input_ids.shape[1] - 1 + patches // 4  # the image token becomes its pixel-shuffled embeddings
+    cu = torch.arange(batch_size + 1, dtype=torch.int32) * patches
+    dtype = provider.params_dtype
+    return {
+        "images": torch.randn(1, batch_size * patches, 3 * PATCH * PATCH, generator=gen, dtype=dtype),
+        "imgs_sizes": torch.tensor([[IMAGE_SIZE, IMAGE_SIZE]] * batch_size),
+        "vision_packed_seq_params": PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu.clone(), max_seqlen_q=patches, max_seqlen_kv=patches
+        ),
+        "input_ids": input_ids,
+        "position_ids": None,
+        "attention_mask": causal_mask(combined),
+        "labels": labels,
+        "loss_mask": loss_mask,
+        "sound_clips": torch.randn(
+            batch_size, SOUND_FRAMES, TINY_SOUND_CONFIG["num_mel_bins"], generator=gen, dtype=dtype
+        ),
+        "sound_length": torch.full((batch_size,), SOUND_FRAMES),
+    }
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Any Nemotron Omni build: Nemotron-VL's points 1-3 on the Omni provider module."""
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_provider
+
+    with patched(hybrid_build_patches(nemotron_omni_provider)):
+        yield
+
+
+@contextlib.contextmanager
+def tiny_patches() -> Iterator[None]:
+    """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes."""
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_provider
+
+    with patched([(nemotron_omni_provider, "LLaVAModel", tiny_llava)]):
+        yield
