@@ -59,7 +59,9 @@ def _batch_keys_reason(keys: str) -> str:
 DEMO_CANNOT_RUN: dict[str, str] = {
     "glm45v": _GROUPED_EXPERTS_SAVE,
     "minimax_m3_vl": _GROUPED_EXPERTS_SAVE,
-    "gemma4_vl": _batch_keys_reason("image_position_ids and the audio input_features"),
+    "gemma4_vl": _batch_keys_reason(
+        "image_position_ids and the audio input_features (Bridge 0.6.2's GenericVisualInputs has no audio field)"
+    ),
     "ministral3": _batch_keys_reason("image_sizes"),
     "ernie45_vl": _batch_keys_reason("moe_mm_token_type_ids"),
 }
