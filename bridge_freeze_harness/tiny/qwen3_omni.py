@@ -132,7 +132,19 @@ def audio_token_count(frames: int) -> int:
 
 
 def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, Any]:
-    """Text with one audio clip and one image per row, so every thinker part gets a gradient."""
+    """Text with one audio clip and one image, so every thinker part gets a gradient: a batch of one row only.
+
+    Bridge 0.6.2's ``Qwen3OmniThinkerModel.get_audio_features`` splits the audio encoder's output per clip with
+    the encoder's ``_get_feat_extract_output_lengths``, which transformers 5.12.1 gives the Qwen2.5-Omni formula
+    (8 tokens for 32 frames, where this encoder's three stride-2 convolutions make 4): with two clips or more it
+    takes the wrong rows and raises "Audio features and audio tokens do not match".
+    """
+    if batch_size != 1:
+        raise ValueError(
+            f"the qwen3_omni training batch is a batch of one (asked for {batch_size} rows): Bridge 0.6.2's "
+            "Qwen3OmniThinkerModel.get_audio_features splits several audio clips with the wrong per-clip lengths "
+            "(the audio encoder's _get_feat_extract_output_lengths); train with batch_size=1"
+        )
     batch = omni_rows(provider, spec, batch_size, gen, audio_token_count(AUDIO_FRAMES))
     add_image(batch, provider, spec, gen)
     add_audio(batch, provider, gen, AUDIO_FRAMES)
