@@ -63,6 +63,14 @@ DEMO_CANNOT_RUN: dict[str, str] = {
         "image_position_ids and the audio input_features (Bridge 0.6.2's GenericVisualInputs has no audio field)"
     ),
     "ministral3": _batch_keys_reason("image_sizes"),
+    "qwen25_omni": _batch_keys_reason(
+        "the audio input_features and feature_attention_mask (Bridge 0.6.2's vlm_step passes only its "
+        "GenericVisualInputs, which has no audio field; Bridge's qwen_omni/qwen3_omni_step.py carries them)"
+    ),
+    "qwen3_omni": _batch_keys_reason(
+        "the audio input_features and feature_attention_mask (Bridge 0.6.2's vlm_step passes only its "
+        "GenericVisualInputs, which has no audio field; Bridge's qwen_omni/qwen3_omni_step.py carries them)"
+    ),
     "ernie45_vl": _batch_keys_reason("moe_mm_token_type_ids"),
 }
 
