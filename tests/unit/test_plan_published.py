@@ -42,11 +42,30 @@ HF_COUNTS = {
     # (lightning_indexers, never run), which the plan lists as "other".
     "minimax_m3_vl": ("minimax_m3_vl", "MiniMaxM3SparseForConditionalGeneration",
                       [*PROJECTOR_TOWER, (r"model\.language_model\.layers\.\d+\.self_attn\.indexer\.", "other")]),
+    # Gemma 4 31B (dense): Bridge's Gemma4DenseVLProvider
+    "gemma4_vl": ("gemma4_vl", "Gemma4ForConditionalGeneration",
+                  [(r"model\.embed_vision\.", "vision_projection"), (r"model\.vision_tower\.", "vision_model")]),
 }
-#: fixture folder -> its published checkpoint's tensors that transformers' class does not build (Qwen3.5's
-#: multi-token-prediction layer ``mtp.*``, which Bridge builds as ``language_model.mtp``): names and shapes
-#: from the same report's tensor listing, counted into the language model.
-LISTED_EXTRA = {"qwen35_vl": "mtp_tensors.json", "qwen35_vl_moe": "mtp_tensors.json"}
+def _listed(file_name: str):
+    """The parameters of a published tensor listing (a fixture file: name -> shape)."""
+    return lambda folder, doc: sum(math.prod(shape) for shape in
+                                   json.loads((FIXTURES / folder / file_name).read_text()).values())
+
+
+def _gemma4_k_eq_v_rows(folder: str, doc: dict) -> int:
+    """Bridge's fused ``linear_qkv`` of a full-attention layer keeps V rows that the checkpoint shares with K
+    (``attention_k_eq_v``: no v_proj there; Bridge fills them from k_proj): layers x KV heads x head dim x hidden."""
+    text = doc["text_config"]
+    assert text["attention_k_eq_v"]
+    return (text["layer_types"].count("full_attention") * text["num_global_key_value_heads"]
+            * text["global_head_dim"] * text["hidden_size"])
+
+
+#: fixture folder -> language-model parameters Bridge builds that transformers' class does not: Qwen3.5's
+#: multi-token-prediction layer (``mtp.*`` in the checkpoint, Bridge's ``language_model.mtp``), its names and
+#: shapes from the same report's tensor listing; Gemma 4's K=V rows, from the config's fields.
+LM_EXTRA = {"qwen35_vl": _listed("mtp_tensors.json"), "qwen35_vl_moe": _listed("mtp_tensors.json"),
+            "gemma4_vl": _gemma4_k_eq_v_rows}
 #: measured on 2 cores shared with other work (load 2-23): 235B (94 layers x 128 experts) 16 s, Qwen3.5-35B-A3B
 #: (40 x 256 experts) 14-37 s; the others under 5 s once Bridge is imported
 SLOW = {"qwen3_vl_moe_235b", "qwen35_vl_moe"}
@@ -67,16 +86,16 @@ def _hf_counts(folder: str) -> dict[str, int]:
     import transformers
 
     _, cls_name, rule = HF_COUNTS[folder]
-    config = transformers.AutoConfig.from_pretrained(str(FIXTURES / folder / "config.json"))
+    config_file = FIXTURES / folder / "config.json"
+    config = transformers.AutoConfig.from_pretrained(str(config_file))
     with torch.device("meta"):
         model = getattr(transformers, cls_name)(config)
     counts = {"language_model": 0, "vision_model": 0, "vision_projection": 0, "other": 0}
     for name, param in model.named_parameters():  # a tied lm_head is listed once
         part = next((p for pattern, p in rule if re.match(pattern, name)), "language_model")
         counts[part] += param.numel()
-    if folder in LISTED_EXTRA:
-        listing = json.loads((FIXTURES / folder / LISTED_EXTRA[folder]).read_text())
-        counts["language_model"] += sum(math.prod(shape) for shape in listing.values())
+    if folder in LM_EXTRA:
+        counts["language_model"] += LM_EXTRA[folder](folder, json.loads(config_file.read_text()))
     return {part: n for part, n in counts.items() if n or part != "other"}
 
 
