@@ -1,15 +1,16 @@
 """``bridge-freeze plan --hf-config`` on makers' published ``config.json`` files: every part counted exactly.
 
-Each fixture (tests/fixtures/hf_configs/<family>/config.json, where it came from in its SOURCE file) is planned
+Each fixture (tests/fixtures/hf_configs/<folder>/config.json, where it came from in its SOURCE file) is planned
 through the real path (Bridge's own conversion, the real model class on the meta device, the plugin's freeze)
 and each part's parameter count is compared with an INDEPENDENT count: transformers' own model class for the
 same config, built on the meta device, its parameter names sorted into parts by the rule written here per
 family (the maker's checkpoint names); for Kimi K2.5, whose model is hub remote code, the vision side is the
 published checkpoint's tensor listing and the language model transformers' DeepSeek-V3 class.
 
-Three of these failed before (GLM-4.5V: the forced ``allgather`` dispatcher with Bridge's shared-expert overlap;
-Gemma 3: zero-centred norms the CPU patches missed; Kimi K2.5: ``kimi_k25`` is remote code). Builds over about
-15 s on 2 shared cores are marked ``slow`` (Kimi K2.5: 61 layers x 384 experts, about 10-25 s).
+Five of these failed before (GLM-4.5V: the forced ``allgather`` dispatcher with Bridge's shared-expert overlap;
+Gemma 3: zero-centred norms the CPU patches missed; Kimi K2.5: ``kimi_k25`` is remote code; Qwen3.5: its MTP
+layer's TE-only spec and zero-centred norms; MiniMax-M3: zero-centred norms). Builds over about 15 s on 2 shared
+cores are marked ``slow`` (see :data:`SLOW`).
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def test_every_fixture_says_where_it_came_from():
 def test_a_full_size_build_needs_no_tiny_configuration_patch(cpu_bridge, monkeypatch):
     """Full-size builds run under the family's any-size ``cpu_patches`` only: every tiny module's
     ``tiny_patches`` made to fail, the published Gemma 3 config still plans (it needs the zero-centred norms of
-    ``cpu_patches``), and so does Qwen2.5-VL's."""
+    ``cpu_patches``), and so do Qwen2.5-VL's and Qwen3.5's (its MTP layer and zero-centred norms)."""
     from bridge_freeze_harness.tiny import _index
 
     def refuse():
@@ -164,3 +165,4 @@ def test_a_full_size_build_needs_no_tiny_configuration_patch(cpu_bridge, monkeyp
             monkeypatch.setattr(module, "tiny_patches", refuse)
     assert _planned("gemma3_vl")["vision_projection"] == 6_194_304
     assert _planned("qwen25_vl")["vision_model"] == 631_975_680
+    assert _planned("qwen35_vl")["language_model"] == 4_326_350_848
