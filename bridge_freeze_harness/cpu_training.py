@@ -299,13 +299,18 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
     """Sample ``i`` is the tiny configuration's synthetic batch of one with seed ``seed + i`` (deterministic).
 
     :meth:`collate_fn` stacks samples into what ``megatron/bridge/training/vlm_step.py`` reads: ``tokens``,
-    ``labels``, ``loss_mask``, ``attention_mask``, ``position_ids`` (``None``: the model computes M-RoPE ids),
-    and ``visual_inputs`` (Bridge's ``GenericVisualInputs``).
+    ``labels``, ``loss_mask``, ``attention_mask``, ``position_ids`` (the sample's, else ``None``: the model
+    computes M-RoPE ids), and ``visual_inputs``: Bridge's ``GenericVisualInputs`` for images, its
+    ``Qwen2AudioInputs`` for audio (``input_features`` / ``feature_attention_mask``). ``vlm_step`` passes one such
+    object, so a sample with images AND audio is refused.
     """
 
     #: the keys of a synthetic sample this layout carries (``input_ids`` becomes ``tokens``).
-    KEYS = frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "pixel_values", "image_grid_thw",
-                      "mm_token_type_ids"})
+    KEYS = frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids", "pixel_values",
+                      "image_grid_thw", "mm_token_type_ids", "input_features", "feature_attention_mask"})
+    #: image keys (``GenericVisualInputs``) and audio keys (``Qwen2AudioInputs``).
+    IMAGE_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    AUDIO_KEYS = ("input_features", "feature_attention_mask")
 
     def __init__(self, family: str, provider: Any, samples: int, seed: int = 0) -> None:
         from bridge_freeze_harness.train import train_spec
@@ -326,23 +331,32 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
         if unknown:
             raise NotImplementedError(f"the synthetic batch of {self.family!r} has {sorted(unknown)}, which the "
                                       "vlm_step layout here does not carry; extend SyntheticVLMDataset.collate_fn")
+        if any(k in sample for k in self.IMAGE_KEYS) and any(k in sample for k in self.AUDIO_KEYS):
+            raise NotImplementedError(
+                f"the synthetic batch of {self.family!r} has images and audio; Bridge's vlm_step passes one inputs "
+                "object (GenericVisualInputs, which has no audio field, or Qwen2AudioInputs, which has no image one)")
         return sample
 
     @staticmethod
     def collate_fn(samples: list[dict[str, Any]]) -> dict[str, Any]:
-        from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+        from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
 
-        def cat(key: str) -> torch.Tensor:
-            return torch.cat([s[key] for s in samples])
+        def cat(key: str, dim: int = 0) -> torch.Tensor:
+            return torch.cat([s[key] for s in samples], dim=dim)
 
-        visual = {k: cat(k) for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids") if k in samples[0]}
+        first = samples[0]
+        if any(k in first for k in SyntheticVLMDataset.AUDIO_KEYS):
+            inputs: Any = Qwen2AudioInputs(**{k: cat(k) for k in SyntheticVLMDataset.AUDIO_KEYS if k in first})
+        else:
+            inputs = GenericVisualInputs(**{k: cat(k) for k in SyntheticVLMDataset.IMAGE_KEYS if k in first})
         return {
             "tokens": cat("input_ids"),
             "labels": cat("labels"),
             "loss_mask": cat("loss_mask"),
-            "attention_mask": samples[0]["attention_mask"],  # [1, 1, s, s], shared by the batch
-            "position_ids": None,
-            "visual_inputs": GenericVisualInputs(**visual),
+            "attention_mask": first["attention_mask"],  # [1, 1, s, s], shared by the batch
+            # [b, s] or M-RoPE's [3, b, s]: the batch is the next-to-last dimension in both
+            "position_ids": cat("position_ids", dim=-2) if "position_ids" in first else None,
+            "visual_inputs": inputs,
         }
 
 

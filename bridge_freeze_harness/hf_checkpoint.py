@@ -96,6 +96,9 @@ class HFFamily:
     #: Bridge maps this family's routed experts only as TE grouped-GEMM parameters
     #: (``mlp.experts.linear_fc1.weight<i>``): build them so (:func:`grouped_experts_on_cpu`).
     grouped_experts: bool = False
+    #: saved tensor-name prefix -> the prefix published checkpoints use, rewritten in the safetensors after
+    #: ``save_pretrained`` (where transformers 5.12.1 saves names no published checkpoint has).
+    published_prefixes: Mapping[str, str] = field(default_factory=dict)
 
 
 def _qwen3_rope(mrope_section: list[int], **extra: Any) -> dict[str, Any]:
@@ -299,6 +302,25 @@ def _minimax_cpu(provider: Any) -> dict[str, Any]:
             "layernorm_zero_centered_gamma": False}
 
 
+def _qwen2_audio() -> Any:
+    from bridge_freeze_harness.tiny.qwen2_audio import hf_config
+
+    config = hf_config()
+    for name, value in {**_TEXT, **_TEXT_IDS}.items():
+        setattr(config.text_config, name, value)
+    for name, value in _TEXT_IDS.items():
+        setattr(config, name, value)
+    config.tie_word_embeddings = False
+    return config
+
+
+#: transformers 5.12.1 applies Qwen2-Audio's two key renamings (the model's and ``Qwen2AudioModel``'s) in reverse
+#: on save and writes ``language_model.model.model.*``; the published checkpoints (Qwen2-Audio-7B), which
+#: transformers loads and Bridge's mapping reads, have ``language_model.model.*``. Unrenamed, Bridge 0.6.2 raises
+#: nothing, yet the converted language model is not the checkpoint's (measured: non-finite word embeddings).
+_QWEN2_AUDIO_NAMES = {"language_model.model.model.": "language_model.model."}
+
+
 def _exaone45_vl() -> Any:
     from bridge_freeze_harness.tiny.exaone45_vl import hf_config
 
@@ -321,6 +343,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
         "MiniMaxM3SparseForConditionalGeneration", _minimax_m3_vl, _minimax_cpu, grouped_experts=True
     ),
     "exaone45_vl": HFFamily("Exaone4_5_ForConditionalGeneration", _exaone45_vl),
+    "qwen2_audio": HFFamily("Qwen2AudioForConditionalGeneration", _qwen2_audio,
+                            published_prefixes=_QWEN2_AUDIO_NAMES),
 }
 
 #: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each).
@@ -334,6 +358,12 @@ NO_HF_CHECKPOINT: dict[str, str] = {
         "its HF model (NemotronH_Nano_VL_V2, model_type nemotron_vl) is remote code on the hub, not in "
         "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'); its Mamba layers also "
         "cannot run a forward on the CPU (CUDA-only mamba-ssm kernels)"
+    ),
+    "qwen3_asr": (
+        "transformers 5.12.1 has no Qwen3-ASR model class, and the copy Bridge vendors "
+        "(megatron.bridge.models.qwen3_asr.hf_qwen3_asr.Qwen3ASRForConditionalGeneration) cannot be built with it: "
+        "its text rotary embedding looks up ROPE_INIT_FUNCTIONS['default'], which transformers 5 no longer has "
+        "(KeyError: 'default'), so no checkpoint can be written or loaded back here"
     ),
     "step37": (
         "transformers 5.12.1 has no Step-3.7 model class: Bridge registers only its config (Step37Config) with "
@@ -403,6 +433,31 @@ def tiny_tokenizer() -> Any:
                                    eos_token="<2>")
 
 
+def rename_saved_tensors(directory: Path, prefixes: Mapping[str, str]) -> None:
+    """Rewrite every ``*.safetensors`` file of ``directory`` with each tensor name's prefix in ``prefixes`` replaced
+    (the file's index, if any, is rewritten to match); nothing to do without ``prefixes``."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    if not prefixes:
+        return
+
+    def renamed(name: str) -> str:
+        for old, new in prefixes.items():
+            if name.startswith(old):
+                return new + name[len(old):]
+        return name
+
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        tensors = load_file(str(file))
+        save_file({renamed(k): v for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
+    for index in Path(directory).glob("*.safetensors.index.json"):
+        data = json.loads(index.read_text(encoding="utf-8"))
+        data["weight_map"] = {renamed(k): v for k, v in data.get("weight_map", {}).items()}
+        index.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
 def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Path:
     """Write a tiny random HF checkpoint of tiny configuration ``family`` into ``directory``; returns it.
 
@@ -424,6 +479,7 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     randomize_(dict(model.named_parameters()) | dict(model.named_buffers()), seed)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
+    rename_saved_tensors(directory, hf_family(family).published_prefixes)
     tiny_tokenizer().save_pretrained(directory)
     logger.info("wrote a tiny random %s checkpoint (%s) to %s", family, cls.__name__, directory)
     return directory
