@@ -15,6 +15,11 @@ The Omni provider module has its own ``NemotronVLModelProvider`` base and names 
 spec and final norm, a buildable Mamba mixer), :func:`tiny_patches` = point 4 (the vision tower and projection
 sizes ``provide()`` hard-codes). Its ViT spec getter (TE) is swapped by the generic build patches.
 
+Speed only (tiny configuration): megatron-core's ``squared_relu`` / ``fast_gelu`` (Nemotron's LM, projections and
+RADIO activations) are ``torch.compile``'d (``megatron.core.jit.jit_fuser``): the first CPU forward compiles them
+with inductor, seconds to a minute on a loaded 2-core machine. The tiny provider and :func:`tiny_patches` use the
+same functions un-compiled (``inspect.unwrap``: the function ``torch.compile`` wrapped); no name or shape changes.
+
 Forward on the CPU: only without Mamba layers (mamba-ssm's kernels are CUDA-only): build with
 ``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)`` and feed :func:`forward_inputs` (an image through the
 packed dynamic-resolution path and a sound clip) inside ``bridge_freeze_harness.forward.forward_patches``.
@@ -23,6 +28,7 @@ packed dynamic-resolution path and a sound clip) inside ``bridge_freeze_harness.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,8 +81,14 @@ IMAGE_SIZE, PATCH = 64, 16
 SOUND_FRAMES, SOUND_TOKENS = 32, 4
 
 
+def _eager(compiled: Any) -> Any:
+    """The Python function a ``torch.compile``'d one wraps (the function itself when not compiled)."""
+    return inspect.unwrap(compiled)
+
+
 def make_provider(**overrides: Any) -> Any:
     """The tiny Omni provider, sound parts included (``has_sound=False`` drops them)."""
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_provider
     from megatron.bridge.models.nemotron_omni.nemotron_omni_provider import NemotronOmniModelProvider
 
     lm = {k: v for k, v in TINY_LM.items() if k != "num_layers"}  # finalize() derives it from the pattern
@@ -89,6 +101,7 @@ def make_provider(**overrides: Any) -> Any:
         **TINY_SOUND_FIELDS,
         hybrid_layer_pattern=TINY_PATTERN,
         language_model_type="nemotron6-moe",
+        activation_func=_eager(nemotron_omni_provider.NemotronOmniModelProvider.activation_func),
         first_last_layers_bf16=False,
         cross_entropy_loss_fusion=False,
     )
@@ -145,8 +158,15 @@ def cpu_patches() -> Iterator[None]:
 
 @contextlib.contextmanager
 def tiny_patches() -> Iterator[None]:
-    """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes."""
-    from megatron.bridge.models.nemotron_omni import nemotron_omni_provider
+    """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes; the activations
+    it names, un-compiled."""
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_provider as module
 
-    with patched([(nemotron_omni_provider, "LLaVAModel", tiny_llava)]):
+    with patched(
+        [
+            (module, "LLaVAModel", tiny_llava),
+            (module, "squared_relu", _eager(module.squared_relu)),
+            (module, "fast_gelu", _eager(module.fast_gelu)),
+        ]
+    ):
         yield
