@@ -29,6 +29,7 @@ from bridge_freeze_plugin.errors import (
     InvalidPatternError,
     LoraOverlapError,
     PartLearningRateError,
+    PartNotInFamilyError,
     PeerRankFreezeError,
     PlanError,
     TrainableSyncError,
@@ -39,6 +40,7 @@ from bridge_freeze_plugin.errors import (
     Violation,
 )
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
+from bridge_freeze_plugin.parts import VOCABULARY, PartInfo
 from bridge_freeze_plugin.prewrap.freeze import apply_selection
 from bridge_freeze_plugin.prewrap.lora import trainable_state_dict
 from bridge_freeze_plugin.prewrap.model_wide import last_report
@@ -81,6 +83,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FLAGS",
     "REGISTRY",
+    "VOCABULARY",
     "AdapterExportError",
     "BridgeFreezeError",
     "CommandError",
@@ -99,7 +102,9 @@ __all__ = [
     "LoraSettings",
     "Part",
     "PartCount",
+    "PartInfo",
     "PartLearningRateError",
+    "PartNotInFamilyError",
     "PeerRankFreezeError",
     "PlanError",
     "TrainableSyncError",

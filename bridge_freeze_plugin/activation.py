@@ -36,7 +36,7 @@ from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import setup_check
 from bridge_freeze_plugin.prewrap.flags import FlagField
 from bridge_freeze_plugin.prewrap.pipeline import get_model_frozen, provide_distributed_frozen, provide_frozen
-from bridge_freeze_plugin.provider import declared_default, is_plugin_class, resolve_family
+from bridge_freeze_plugin.provider import declared_default, flag_attributes, is_plugin_class, resolve_family
 from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, class_path
@@ -252,7 +252,7 @@ def _patch_defined_class(cls: type) -> None:
                 originals[name] = cls.__dict__.get(name, MISSING)
                 setattr(cls, name, _wrap(current, run))
         annotations = inspect.get_annotations(cls)
-        for flag in FLAGS:
+        for flag in flag_attributes(cls):
             raw = cls.__dict__.get(flag, MISSING)
             default = getattr(raw, "default", raw)  # a dataclasses.field(default=...) or the value itself
             if flag in annotations and isinstance(default, bool):
@@ -270,6 +270,10 @@ def _declare_plugin_fields(cls: type) -> None:
         annotations = {}
         type.__setattr__(cls, "__annotations__", annotations)
     undo: dict[str, Any] = {}
+    inherited = {name for klass in cls.__mro__[1:] for name in getattr(klass, "__dataclass_fields__", {})}
+    for flag in FLAGS:  # a flag neither this body nor a base declares: a field too (its descriptor stays)
+        if flag not in annotations and flag not in inherited:
+            annotations[flag] = "bool"
     for name, fld in PLUGIN_FIELDS.items():
         if name not in annotations:
             annotations[name] = fld.type
@@ -365,7 +369,7 @@ def patch_provider_class(cls: type) -> None:
             originals[name] = cls.__dict__.get(name, MISSING)
             setattr(cls, name, _wrap(current, run))
         STATE.patched[cls] = originals
-        for flag in FLAGS:
+        for flag in flag_attributes(cls):
             _default_flag_to_false(cls, flag)
             _install_flag(cls, flag)
         for klass in [cls, *_all_subclasses(cls)]:

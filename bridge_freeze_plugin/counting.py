@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.parts import INFO, SELECTABLE_PARTS, Part
 
 #: The order of the numbers in :meth:`PartCount.as_row` / :meth:`PartTally.as_vector`.
 ROW_FIELDS: tuple[str, ...] = (
@@ -85,9 +85,11 @@ class PartTally:
     def count(self, part: Part) -> PartCount:
         return PartCount(part, *self._rows.get(part, [0] * len(ROW_FIELDS)))
 
-    def parts(self) -> tuple[PartCount, ...]:
-        """The three selectable parts always; ``other`` only when the model has such tensors."""
-        rows = [self.count(p) for p in SELECTABLE_PARTS]
+    def parts(self, listed: Iterable[Part] | None = None) -> tuple[PartCount, ...]:
+        """A row for each of ``listed`` (the family's parts; ``None``: the parts assumed when the family is
+        unknown), and for any other part that has tensors; ``other`` only when the model has such tensors."""
+        keep = {p for p in SELECTABLE_PARTS if INFO[p].assumed} if listed is None else set(listed)
+        rows = [self.count(p) for p in SELECTABLE_PARTS if p in keep or p in self._rows]
         other = self.count(Part.OTHER)
         if other.total_tensors:
             rows.append(other)

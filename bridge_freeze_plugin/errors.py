@@ -88,11 +88,11 @@ class AdapterExportError(BridgeFreezeError, RuntimeError):
 
 
 class EmptyPartError(BridgeFreezeError, RuntimeError):
-    """While a flag is set, one of the three parts has no parameter in the whole model: a wrong family table."""
+    """While a flag is set, one of the family's parts has no parameter in the whole model: a wrong family table."""
 
 
 class UnmatchedPatternError(BridgeFreezeError, ValueError):
-    """A train / freeze pattern matches no parameter of the three parts in the whole model (a typo, most often).
+    """A train / freeze pattern matches no parameter of any part in the whole model (a typo, most often).
 
     ``patterns`` lists the unmatched patterns; ``suggestions`` maps each to the nearest real names.
     """
@@ -113,6 +113,11 @@ class InvalidFreezeConfigError(BridgeFreezeError, ValueError):
 
 class FreezeFlagTypeError(InvalidFreezeConfigError, TypeError):
     """A freeze flag holds something other than a real bool (``1``, ``"yes"``, ``None``...)."""
+
+
+class PartNotInFamilyError(InvalidFreezeConfigError):
+    """A flag set for a part the model's family does not have (``freeze_audio_model`` on a model with no audio
+    encoder, ``freeze_vision_model`` on an audio-language model)."""
 
 
 class InvalidPatternError(InvalidFreezeConfigError):

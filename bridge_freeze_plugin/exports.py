@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import AdapterExportError
+from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.prewrap.freeze import PART_ATTR
-from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS
+from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS, Part
 
 AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")
 _SELECTABLE = {p.value for p in SELECTABLE_PARTS}
@@ -55,14 +56,30 @@ def full_rank_parts_of_checkpoint(checkpoint: str | Path) -> list[str]:
     model = run.get("model") or {}
     if not run.get("peft") or not isinstance(model, dict):
         return []
-    flags = [model.get(flag) is True for flag in FLAGS]
-    parts = []
-    if any(flags) and not all(flags):
-        parts = [part.value for part, frozen in zip(SELECTABLE_PARTS, flags, strict=True) if not frozen]
+    frozen = {flag for flag in FLAGS if model.get(flag) is True}
+    trained = [part.value for part in _parts_of_run(model) if INFO[part].flag not in frozen]
+    parts = trained if frozen and trained else []
     patterns = model.get("train_patterns") or []
     if isinstance(patterns, (list, tuple)) and patterns:
         parts.append(f"the tensors matched by train_patterns={list(patterns)!r}")
     return parts
+
+
+def _parts_of_run(model: dict[str, Any]) -> tuple[Part, ...]:
+    """The model's parts, from the family of the provider class the run config names (``_target_``); unknown:
+    the parts assumed for a vision-language model."""
+    from bridge_freeze_plugin.errors import UnknownFamilyError
+    from bridge_freeze_plugin.registry import REGISTRY
+
+    target = str(model.get("_target_") or "")
+    for name in (target.rpartition(".")[2], target.rpartition(".")[2].removeprefix("Freezable")):
+        if not name:
+            continue
+        try:
+            return REGISTRY.find(name).part_names()
+        except UnknownFamilyError:
+            continue
+    return tuple(part for part in SELECTABLE_PARTS if INFO[part].assumed)
 
 
 def _refuse(what: str, parts: Iterable[str]) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.parts import REQUIRED_PARTS, SELECTABLE_PARTS, Part, label
 
 #: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
 _WRAPPER_PREFIX = "module."
@@ -43,6 +43,8 @@ _SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 #: The fields that hold a sequence of strings (a provider may also be given as a class).
 SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
                    "no_full_recompute", "full_recompute_affects")
+#: The parts with a keyword of their own (the vision-language parts); any part may be given in ``parts=``.
+_KEYWORD_PARTS = ("language_model", "vision_model", "vision_projection")
 #: The fields that hold one string.
 TEXT_FIELDS = ("description", "recompute_note", "source")
 
@@ -117,21 +119,28 @@ def _check_prefix(family: str, part: Part, prefix: str) -> None:
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """One VLM family: the provider classes it covers and the module prefixes of each part.
+    """One model family: the provider classes it covers and the module prefixes of each of its parts.
 
     A prefix names a module (``"visual.merger"``) and covers every parameter below it. A parameter
     belongs to the part with the longest (most specific) matching prefix, so a projection that
     lives inside the vision module (``visual.merger`` inside ``visual``) is the projection.
-    ``other`` lists known modules that belong to none of the three parts (an audio tower, say):
-    no flag touches them, and the report shows them on their own line.
+
+    The vision-language parts have keywords (``language_model=``, ``vision_model=``, ``vision_projection=``);
+    ``parts=`` maps any part of the vocabulary (:mod:`bridge_freeze_plugin.parts`) to its prefixes, e.g.
+    ``parts={"audio_model": ("audio_tower",), "audio_projection": ("embed_audio",)}``. Every family has a language
+    model and at least one other part; a part with no prefix is one the family does not have (a flag set for it
+    is refused). ``other`` lists known modules that belong to no part (a talker, say): no flag touches them, and
+    the report shows them on their own line.
     """
 
     name: str
     providers: tuple[str, ...]
-    language_model: tuple[str, ...]
-    vision_model: tuple[str, ...]
-    vision_projection: tuple[str, ...]
+    language_model: tuple[str, ...] = ()
+    vision_model: tuple[str, ...] = ()
+    vision_projection: tuple[str, ...] = ()
     other: tuple[str, ...] = ()
+    #: Part name -> prefixes, for any part of the vocabulary (stored as sorted ``(part, prefixes)`` pairs).
+    parts: Any = ()
     description: str = ""
     #: HF ``config.json`` ``model_type`` values of this family (to recognise a checkpoint or config).
     hf_model_types: tuple[str, ...] = ()
@@ -145,6 +154,8 @@ class FamilySpec:
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: part -> prefixes, every part of the vocabulary (empty: the family does not have it).
+    _prefixes: dict[Part, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: (prefix, prefix + ".", part), longest prefix first: the fast path of :meth:`classify`.
     _ordered: tuple[tuple[str, str, Part], ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -163,14 +174,17 @@ class FamilySpec:
                 f"family {self.name!r}: no_full_recompute and full_recompute_affects go together, and the latter "
                 f"names parts ({', '.join(p.value for p in SELECTABLE_PARTS)}); got {sorted(unknown) or 'one alone'}"
             )
-        for part in SELECTABLE_PARTS:
-            if not self.prefixes(part):
-                raise FamilyRegistrationError(
-                    f"family {self.name!r} gives no module prefix for {part.value}; every VLM family "
-                    "must name its language model, vision encoder and vision projection"
-                )
+        self._merge_parts()
+        missing = [p for p in REQUIRED_PARTS if not self._prefixes[p]]
+        if missing or len(self.part_names()) < 2:
+            what = ", ".join(p.value for p in missing) or "any part besides the language model"
+            raise FamilyRegistrationError(
+                f"family {self.name!r} gives no module prefix for {what}; every family names its language model "
+                f"(language_model=...) and at least one more part ({', '.join(p.value for p in SELECTABLE_PARTS[1:])}"
+                f"; keywords for the vision parts, parts={{...}} for any)"
+            )
         index = self._index
-        for part in (*SELECTABLE_PARTS, Part.OTHER):
+        for part in (*self.part_names(), Part.OTHER):
             for prefix in self.prefixes(part):
                 _check_prefix(self.name, part, prefix)
                 if prefix in index and index[prefix] is not part:
@@ -183,8 +197,50 @@ class FamilySpec:
             ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
             object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
 
+    def _merge_parts(self) -> None:
+        """``parts=`` and the keywords as one table (a part given both ways is refused)."""
+        given = self.parts
+        if isinstance(given, Mapping):
+            given = given.items()
+        elif isinstance(given, str | bytes) or not isinstance(given, Iterable):
+            raise FamilyRegistrationError(
+                f"family {self.name!r}: parts must map part names to prefixes, e.g. "
+                f"parts={{'audio_model': ['audio_tower']}}, not {type(given).__name__} {given!r}")
+        table: dict[Part, tuple[str, ...]] = {p: () for p in SELECTABLE_PARTS}
+        for item in given:
+            if not (isinstance(item, tuple | list) and len(item) == 2):
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: parts must map part names to prefixes, got the item {item!r}")
+            key, prefixes = item
+            if str(key) not in {p.value for p in SELECTABLE_PARTS}:
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: parts names {key!r}, which is not a part; the parts are "
+                    f"{', '.join(p.value for p in SELECTABLE_PARTS)} (and other=... for modules no flag touches)")
+            part = Part(str(key))
+            if part.value in _KEYWORD_PARTS and getattr(self, part.value):
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: {part.value} is given both as a keyword and in parts=; give it once")
+            table[part] = _string_tuple(self.name, f"parts[{part.value!r}]", prefixes)
+        for name in _KEYWORD_PARTS:
+            if getattr(self, name):
+                table[Part(name)] = getattr(self, name)
+        object.__setattr__(self, "parts", tuple((p.value, table[p]) for p in SELECTABLE_PARTS if table[p]))
+        self._prefixes.update(table)
+
     def prefixes(self, part: Part) -> tuple[str, ...]:
-        return self.other if part is Part.OTHER else getattr(self, part.value)
+        """The module prefixes of ``part`` (``()``: the family does not have it)."""
+        return self.other if part is Part.OTHER else self._prefixes.get(part, ())
+
+    def part_names(self) -> tuple[Part, ...]:
+        """The parts this family has (a prefix each at least), in vocabulary order."""
+        return tuple(p for p in SELECTABLE_PARTS if self._prefixes.get(p))
+
+    def has_part(self, part: Part) -> bool:
+        return bool(self._prefixes.get(part))
+
+    def describe_parts(self) -> str:
+        """``"language model, vision encoder, vision projection"``: the family's parts as a sentence names them."""
+        return ", ".join(label(p) for p in self.part_names())
 
     def classify(self, name: str) -> Part | None:
         """The part of one parameter (``None``: under no prefix at all)."""
@@ -223,7 +279,7 @@ class FamilySpec:
         return {
             "name": self.name,
             "providers": list(self.providers),
-            **{part.value: list(self.prefixes(part)) for part in (*SELECTABLE_PARTS, Part.OTHER)},
+            **{part.value: list(self.prefixes(part)) for part in (*self.part_names(), Part.OTHER)},
             "description": self.description,
             "hf_model_types": list(self.hf_model_types),
             "recompute_note": self.recompute_note,

@@ -304,7 +304,7 @@ class PatternSet:
 
 @dataclass(frozen=True)
 class PatternMatch:
-    """What one pattern matched in the whole model: tensors and elements of the three parts, tensors of other."""
+    """What one pattern matched in the whole model: tensors and elements of the parts, tensors of other."""
 
     pattern: Pattern
     tensors: int = 0
@@ -351,9 +351,11 @@ class PatternTally:
 
     _PART_WIDTH = 4  # trained, trained tensors, frozen, frozen tensors
 
-    def __init__(self, patterns: PatternSet, frozen_parts: Iterable[Part]) -> None:
+    def __init__(self, patterns: PatternSet, frozen_parts: Iterable[Part], parts: Iterable[Part] | None = None) -> None:
+        """``parts``: the model's parts (its family's), listed in the summary; ``None``: every part."""
         self.patterns = patterns
         self.frozen_parts = frozenset(frozen_parts)
+        self.listed = SELECTABLE_PARTS if parts is None else tuple(p for p in SELECTABLE_PARTS if p in set(parts))
         n = len(patterns.all)
         self._matched = [[0, 0, 0] for _ in range(n)]  # tensors, params, other tensors
         self._parts = {part: [0] * self._PART_WIDTH for part in SELECTABLE_PARTS}
@@ -390,7 +392,7 @@ class PatternTally:
 
     def summary(self) -> PatternSummary:
         matches = tuple(PatternMatch(p, *row) for p, row in zip(self.patterns.all, self._matched, strict=True))
-        return PatternSummary(matches, tuple(PartChange(p, *self._parts[p]) for p in SELECTABLE_PARTS))
+        return PatternSummary(matches, tuple(PartChange(p, *self._parts[p]) for p in self.listed))
 
 
 def module_names(names: Iterable[str]) -> set[str]:

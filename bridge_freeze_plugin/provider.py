@@ -4,7 +4,8 @@
 - how to name it in messages (:func:`provider_label`, :func:`model_name_of`, :func:`describe_request`);
 - what its class declared as the default of each flag, before activation patched it, and which of those
   defaults the written config overrides (:func:`declared_default`, :func:`overridden_defaults`);
-- :func:`write_selection`: all three flags written, always.
+- :func:`write_selection`: every flag written, always (and Bridge's own alias fields, e.g.
+  ``freeze_sound_encoder``, where the provider has them).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import dataclasses
 import inspect
 from typing import Any
 
-from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
+from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
+from bridge_freeze_plugin.parts import ALIASES, FLAG_PARTS, label
 from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.report import DefaultOverride
-from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
+from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, asked_text
 from bridge_freeze_plugin.state import STATE
 
 #: Marks the plugin's own classes (the mixin, generated freezable subclasses) in a provider's MRO.
@@ -51,9 +53,7 @@ def model_name_of(provider: Any) -> str | None:
 
 def describe_selection(selection: FreezeSelection) -> str:
     """The flags set and the patterns given, as a user would write them (``"no freeze flag"`` when none)."""
-    asked = [f"{f}=True" for f in selection.set_flags()]
-    asked += [f"{k}={v}" for k, v in selection.patterns_dict().items() if v]
-    return ", ".join(asked) or "no freeze flag"
+    return asked_text(selection) or "no freeze flag"
 
 
 def describe_request(provider: Any, selection: FreezeSelection) -> str:
@@ -63,7 +63,8 @@ def describe_request(provider: Any, selection: FreezeSelection) -> str:
 
 
 def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> FamilySpec | None:
-    """The provider's family; raises :class:`UnsupportedFreezeFlagError` if a flag is set and there is none."""
+    """The provider's family; raises :class:`UnsupportedFreezeFlagError` if a flag is set and there is none, and
+    :class:`PartNotInFamilyError` if a flag is set for a part the family does not have."""
     selection = FreezeSelection.from_object(provider) if selection is None else selection
     family = family_for_provider(provider)
     if family is None and selection.any_set:
@@ -79,6 +80,8 @@ def resolve_family(provider: Any, selection: FreezeSelection | None = None) -> F
             f"with bridge_freeze_plugin.register_family(...), or leave the flag to Bridge's own freeze by opting "
             f"out of the plugin (BRIDGE_FREEZE_DISABLE_AUTOLOAD=1 and no 'import bridge_freeze_plugin')."
         )
+    if family is not None:
+        check_parts_exist(provider, family, selection)
     return family
 
 
@@ -118,7 +121,7 @@ def overridden_defaults(provider: Any) -> tuple[DefaultOverride, ...]:
     in the selection itself, not an override to warn about.)
     """
     overrides = []
-    for flag in FLAGS:
+    for flag in flag_attributes(type(provider)):
         default = declared_default(type(provider), flag)
         value = bool(getattr(provider, flag, False))
         if default is True and value is False:
@@ -127,6 +130,31 @@ def overridden_defaults(provider: Any) -> tuple[DefaultOverride, ...]:
 
 
 def write_selection(provider: Any, selection: FreezeSelection) -> None:
-    """Write all three flags (and both pattern lists) to the provider, whether they are set or not."""
+    """Write every flag (and both pattern lists) to the provider, whether they are set or not, and each Bridge
+    alias field the provider's class declares (``freeze_sound_encoder`` = ``freeze_audio_model``): the config wins
+    over every default."""
     for name, value in selection.provider_attributes().items():
         setattr(provider, name, value)
+    for alias, flag in ALIASES.items():
+        if declared_default(type(provider), alias) is not None:
+            setattr(provider, alias, getattr(selection, flag))
+
+
+def flag_attributes(cls: type) -> tuple[str, ...]:
+    """The flags, and the Bridge alias fields ``cls`` declares: every field that freezes a part."""
+    return (*FLAGS, *(alias for alias in ALIASES if declared_default(cls, alias) is not None))
+
+
+def check_parts_exist(provider: Any, family: FamilySpec, selection: FreezeSelection) -> None:
+    """A flag set for a part the family does not have cannot be honoured: :class:`PartNotInFamilyError`."""
+    missing = [flag for flag in selection.set_flags() if not family.has_part(FLAG_PARTS[flag])]
+    if not missing:
+        return
+    model = model_name_of(provider)
+    what = " and ".join(label(FLAG_PARTS[f]) for f in missing)
+    raise PartNotInFamilyError(
+        f"{', '.join(f'{f}=True' for f in missing)} on {provider_label(provider)}"
+        f"{f' (model {model})' if model else ''}: family {family.name!r} has no {what} (its parts: "
+        f"{family.describe_parts()}), so the flag cannot freeze anything. Unset {', '.join(missing)} (or set "
+        f"{'them' if len(missing) > 1 else 'it'} to false)."
+    )

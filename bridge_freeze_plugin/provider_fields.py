@@ -1,7 +1,10 @@
-"""The plugin's settings beyond the three flags, as dataclass fields of every patched provider class.
+"""The plugin's settings as dataclass fields of every patched provider class.
 
-The plugin reads from a provider the three flags (Bridge's own fields) and :data:`PLUGIN_FIELDS`: the train /
-freeze patterns and ``vision_recompute_policy``. Whatever it reads must round-trip through everything Bridge
+The plugin reads from a provider every flag of the vocabulary (:mod:`.parts`; Bridge's own fields where Bridge
+declares them: the vision-language flags on a VLM provider, ``freeze_audio_model`` on Qwen2-Audio...) and
+:data:`PLUGIN_FIELDS`: the train / freeze patterns and ``vision_recompute_policy``. A flag the class does not
+declare is added as a field too (:data:`FLAG_FIELDS`; its class attribute, the flag descriptor, is left alone).
+Whatever it reads must round-trip through everything Bridge
 does with a provider: ``dataclasses.fields`` / ``asdict`` / ``replace``, ``ConfigContainer.to_cfg_dict`` ->
 ``run_config.yaml`` -> Bridge's ``instantiate`` on resume. So activation adds them to each patched class as
 real fields (in ``__dataclass_fields__``, with class defaults), and gives the class's ``__init__`` keyword
@@ -18,6 +21,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from bridge_freeze_plugin.parts import FLAGS
+
 
 @dataclasses.dataclass
 class PluginFields:
@@ -33,6 +38,12 @@ class PluginFields:
 #: name -> the dataclass Field (shared, never mutated) and its default.
 PLUGIN_FIELDS: dict[str, dataclasses.Field[Any]] = dict(PluginFields.__dataclass_fields__)  # type: ignore[arg-type]
 
+#: Every flag as a field (default ``False``), for the classes that do not declare it.
+FLAG_FIELDS: dict[str, dataclasses.Field[Any]] = dict(
+    dataclasses.make_dataclass("FlagFields", [(flag, bool, False) for flag in FLAGS]).__dataclass_fields__)
+#: Undo marker: only the field entry was added (the class attribute is the flag's descriptor, undone elsewhere).
+_FIELD_ONLY: Any = type("_FieldOnly", (), {"__repr__": lambda self: "<field only>"})()
+
 
 def add_fields(cls: type) -> dict[str, Any]:
     """Add the plugin's fields to dataclass ``cls`` (in place); what to undo (see :func:`remove_fields`)."""
@@ -40,6 +51,10 @@ def add_fields(cls: type) -> dict[str, Any]:
     if own is None:
         return {}
     undo: dict[str, Any] = {}
+    for name, fld in FLAG_FIELDS.items():
+        if name not in own:
+            undo[name] = _FIELD_ONLY
+            own[name] = fld
     for name, fld in PLUGIN_FIELDS.items():
         if name in own:
             continue
@@ -60,6 +75,8 @@ def remove_fields(cls: type, undo: dict[str, Any]) -> None:
             cls.__init__ = value  # type: ignore[misc]
             continue
         own.pop(name, None)
+        if value is _FIELD_ONLY:
+            continue
         if value is _MISSING:
             if name in cls.__dict__:
                 delattr(cls, name)
@@ -68,21 +85,23 @@ def remove_fields(cls: type, undo: dict[str, Any]) -> None:
 
 
 def accepting_plugin_fields(init: Callable[..., None]) -> Callable[..., None]:
-    """``init`` that also takes the plugin's fields as keyword arguments (and says so in its signature)."""
+    """``init`` that also takes the plugin's fields (and the flags it does not take) as keyword arguments, and
+    says so in its signature."""
+    signature = inspect.signature(init)
+    added = {name: fld for name, fld in {**FLAG_FIELDS, **PLUGIN_FIELDS}.items() if name not in signature.parameters}
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        extra = {name: kwargs.pop(name) for name in PLUGIN_FIELDS if name in kwargs}
+        extra = {name: kwargs.pop(name) for name in added if name in kwargs}
         init(self, *args, **kwargs)
         for name, value in extra.items():
             setattr(self, name, value)
 
-    signature = inspect.signature(init)
     params = list(signature.parameters.values())
     var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
     params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
     params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=fld.default)
-               for name, fld in PLUGIN_FIELDS.items() if name not in signature.parameters]
+               for name, fld in added.items()]
     __init__.__signature__ = signature.replace(parameters=params + var_kw)  # type: ignore[attr-defined]
     __init__.__bridge_freeze_init__ = init  # type: ignore[attr-defined]
     return __init__

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.counting import PartCount
+from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.selection import FreezeSelection, Part
 
@@ -48,6 +49,11 @@ class FreezeReport:
     #: report is); ``None`` without patterns.
     patterns: PatternSummary | None = field(default=None)
 
+    @property
+    def part_names(self) -> tuple[Part, ...]:
+        """The parts this report has a row for (the family's parts), in vocabulary order."""
+        return tuple(c.part for c in self.parts if c.part is not None and c.part is not Part.OTHER)
+
     def part(self, part: Part) -> PartCount:
         for count in self.parts:
             if count.part is part:
@@ -67,7 +73,7 @@ class FreezeReport:
             "family": self.family,
             "provider": self.provider,
             "model_name": self.model_name,
-            "selection": self.selection.as_dict(),
+            "selection": {INFO[p].flag: getattr(self.selection, INFO[p].flag) for p in self.part_names},
             "parts": [c.as_dict() for c in self.parts],
             "trainable": self.trainable,
             "total": self.total,
@@ -87,7 +93,7 @@ class FreezeReport:
         with_adapters = any(c.adapter_tensors for c in self.parts)
         extra = f" {'full-rank':>14} {'adapters':>12}" if with_adapters else ""
         lines = [
-            f"bridge-freeze: {self.provider}{model}, family {self.family}: {self.selection.describe()}"
+            f"bridge-freeze: {self.provider}{model}, family {self.family}: {self.selection.describe(self.part_names)}"
             + (" (+ LoRA adapters)" if with_adapters else ""),
             f"  {'part':<18} {'trainable':>14}{extra} {'total':>14} {'%':>7}",
         ]

@@ -16,12 +16,13 @@ from typing import Any
 
 from bridge_freeze_plugin.config.family import import_target, importable_target
 from bridge_freeze_plugin.config.reading import LoraSettings, RunSettings, join_problems
-from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin.parts import FLAG_PARTS, INFO, label
 from bridge_freeze_plugin.provider import resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
-from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS, FreezeSelection, Part
+from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS, FreezeSelection, Part, asked_text
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -39,10 +40,7 @@ def normalise_strategy(value: Any) -> str | None:
 def flag_list(selection: FreezeSelection, where: str | Callable[[str], str]) -> str:
     """The flags set and the patterns given, as written in the config (``where``: their section, or a function
     from a flag or pattern key to its dotted key)."""
-    key = where if callable(where) else (lambda name: f"{where}.{name}")
-    asked = [f"{key(flag)}=true" for flag in selection.set_flags()]
-    asked += [f"{key(name)}=[{', '.join(values)}]" for name, values in selection.patterns_dict().items() if values]
-    return ", ".join(asked)
+    return asked_text(selection, where if callable(where) else (lambda name: f"{where}.{name}"), true="true")
 
 
 def asked(s: RunSettings) -> str:
@@ -99,13 +97,13 @@ def language_model_only_has_no_vision_part(s: RunSettings) -> list[str]:
     ]
 
 
-def all_three_frozen_needs_lora(s: RunSettings) -> list[str]:
-    """All three parts frozen and no adapters: nothing would train."""
-    if not (s.selection.all_set and not s.lora.enabled) or s.selection.train_patterns:
+def every_part_frozen_needs_lora(s: RunSettings) -> list[str]:
+    """Every part frozen and no adapters: nothing would train."""
+    if not (s.selection.freezes_all(s.parts) and not s.lora.enabled) or s.selection.train_patterns:
         return []  # (train patterns make parts of the frozen model train)
     enable = s.lora_enable or f"{s.lora_rank.key} > 0"
     return [
-        f"{asked(s)}: all three parts are frozen and LoRA is off "
+        f"{asked(s)}: every part of the model is frozen and LoRA is off "
         f"({s.lora_rank.key}={s.lora.rank}), so nothing would train. Unset at least one flag, or enable LoRA "
         f"({enable}) to train adapters on the frozen model."
     ]
@@ -113,17 +111,17 @@ def all_three_frozen_needs_lora(s: RunSettings) -> list[str]:
 
 def lora_with_partial_selection(s: RunSettings) -> list[str]:
     """LoRA with one or two flags trains adapters next to full-rank parts: for SFT; an RL run refuses it."""
-    if not (s.lora.enabled and s.selection.any_set and not s.selection.all_set) or not s.syncs_weights:
+    if not (s.lora.enabled and s.selection.any_set and not s.selection.freezes_all(s.parts)) or not s.syncs_weights:
         return []
     key = s.lora_rank.key
     why = s.weight_sync_note or (
         "the full-rank parts would need syncing too, which the trainer does not do, so generation would run on "
         "stale weights")
     return [
-        f"{asked(s)} with LoRA ({key}={s.lora.rank}) in an RL run: LoRA with full-rank "
-        f"parts ({s.selection.describe().removeprefix('train ')} at full rank next to the adapters) is supported for "
+        f"{asked(s)} with LoRA ({key}={s.lora.rank}) in an RL run: LoRA with full-rank parts "
+        f"({s.selection.describe(s.parts).removeprefix('train ')} at full rank next to the adapters) is supported for "
         f"SFT only. The rollout engine's weight sync moves the adapters (or the merged weights) to the inference "
-        f"engine; {why}. Use LoRA with all three flags true (adapters only), plain LoRA (no flag), or "
+        f"engine; {why}. Use LoRA with every part's flag true (adapters only), plain LoRA (no flag), or "
         f"LoRA off to train the selected parts at full rank."
     ]
 
@@ -145,7 +143,7 @@ def part_freezing_hooks_agree(s: RunSettings) -> list[str]:
     refuses a pre-wrap hook that freezes a part the flags train, so the config does."""
     if not s.selection.any_set:
         return []
-    trained = {part.value for part in s.selection.trained_parts()}
+    trained = {part.value for part in s.selection.trained_parts(s.parts)}
     out = []
     for own in s.own_freeze:
         part = own.name.removeprefix("freeze_")
@@ -164,7 +162,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
     neighbours_well_formed,
     strategy_must_be_megatron,
     language_model_only_has_no_vision_part,
-    all_three_frozen_needs_lora,
+    every_part_frozen_needs_lora,
     lora_with_partial_selection,
     language_model_only_agrees,
     part_freezing_hooks_agree,
@@ -176,7 +174,21 @@ def config_problems(s: RunSettings, rules: Sequence[Rule] = CONFIG_RULES) -> lis
 
 
 def supported_provider(s: RunSettings) -> FamilySpec | None:
-    """The family, checking that a provider given (or named by ``_target_``) with a flag set is covered."""
+    """The family, checking that a provider given (or named by ``_target_``) with a flag set is covered, and
+    that every flag set names a part the family has (:class:`PartNotInFamilyError`)."""
+    family = _covered_family(s)
+    missing = [] if family is None else [f for f in s.selection.set_flags() if not family.has_part(FLAG_PARTS[f])]
+    if missing:
+        keys = ", ".join(f"{s.key_of(f)}=true" for f in missing)
+        what = " and ".join(label(FLAG_PARTS[f]) for f in missing)
+        raise PartNotInFamilyError(
+            f"{keys}: the {family.name} model has no {what} (its parts: {family.describe_parts()}), so the flag "
+            f"cannot freeze anything. Remove {', '.join(s.key_of(f) for f in missing)} (or set it to false)."
+        )
+    return family
+
+
+def _covered_family(s: RunSettings) -> FamilySpec | None:
     if s.provider is not None:
         return resolve_family(s.provider, s.selection) or s.family
     target = s.provider_target
@@ -208,7 +220,7 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
     if not warn:
         return note
     full_keys = [key for key, value in settings.items() if is_full(value)]
-    if family is None and full_keys and s.selection.any_set and s.selection.trained_parts() and is_rank0():
+    if family is None and full_keys and s.selection.any_set and s.selection.trained_parts(s.parts) and is_rank0():
         affected = ", ".join(f.name for f in REGISTRY if f.no_full_recompute) or "none registered"
         logger.warning(
             "bridge-freeze: %s with %s, but the model family is not known from the config, so whether full "
@@ -270,7 +282,7 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
     targets = s.lora.target_modules
     if not s.lora.enabled or not s.selection.any_set:
         return []
-    full_rank = {p for p in s.selection.trained_parts()}
+    full_rank = {p for p in s.selection.trained_parts(s.parts)}
     if targets == () and not s.lora.exclude_modules and not s.selection.freeze_patterns:
         # written empty: Bridge's LoRA wraps every linear module; the LM and the vision encoder certainly have some
         hit = sorted(p.value for p in full_rank & ALL_LINEAR_PARTS)
@@ -353,7 +365,7 @@ def vlm_lora_effect(family: FamilySpec, switches: Mapping[str, bool]) -> VlmLora
         else:
             missing.append(switch)
     frozen, partial = set(), set()
-    for part in SELECTABLE_PARTS:
+    for part in family.part_names():
         prefixes = family.prefixes(part)
         covered = [p for p in prefixes if any(p == m or p.startswith(m + ".") for m in modules)]
         if covered and len(covered) == len(prefixes):
@@ -401,19 +413,19 @@ def vlm_lora_switches(s: RunSettings, family: FamilySpec | None) -> list[str]:
             "megatron.bridge.peft.lora.LoRA, which has no switches of its own."]
 
 
-#: Parts that always hold linear modules (an empty target list puts adapters there for certain); a projection may
-#: have none (Gemma 3's projector is a weight and a norm).
-ALL_LINEAR_PARTS = frozenset({Part.LANGUAGE_MODEL, Part.VISION_MODEL})
+#: Parts that always hold linear modules (an empty target list puts adapters there for certain): the vocabulary's.
+ALL_LINEAR_PARTS = frozenset(part for part, info in INFO.items() if info.linear)
 
 
 def lora_adapter_parts(lora: LoraSettings, family: FamilySpec | None) -> dict[str, str]:
     """Part -> whether LoRA's targets put adapters there: ``"yes"``, ``"may"`` (a leaf name, regex characters, the
     family unknown: the built model tells), or ``"no"``."""
-    parts = [part.value for part in SELECTABLE_PARTS]
+    listed = FreezeSelection().parts_of(None if family is None else family.part_names())
+    parts = [part.value for part in listed]
     targets = lora.target_modules
     if targets == ():  # written empty: Bridge's LoRA matches every linear module, less exclude_modules
         return {part.value: "yes" if part in ALL_LINEAR_PARTS and not lora.exclude_modules else "may"
-                for part in SELECTABLE_PARTS}
+                for part in listed}
     if family is None or targets is None:
         return dict.fromkeys(parts, "may")
     found: dict[str, str] = dict.fromkeys(parts, "no")
@@ -422,10 +434,11 @@ def lora_adapter_parts(lora: LoraSettings, family: FamilySpec | None) -> dict[st
         if reach is None:
             return dict.fromkeys(parts, "may")
         for part in reach[0] - {None}:
-            if found[part.value] == "no":
+            if found.get(part.value) == "no":
                 found[part.value] = "may"
         for part in reach[1]:
-            found[part.value] = "yes"
+            if part.value in found:
+                found[part.value] = "yes"
     return found
 
 

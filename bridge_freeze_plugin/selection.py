@@ -1,4 +1,4 @@
-"""What the user asks for: three booleans, one per part of a vision-language model, and optional patterns.
+"""What the user asks for: one boolean per part (the vocabulary of :mod:`.parts`), and optional patterns.
 
 The patterns (``train_patterns`` / ``freeze_patterns``: regular expressions over model-wide parameter or
 module names) refine the flags; their syntax and rule are in :mod:`bridge_freeze_plugin.patterns`.
@@ -6,38 +6,22 @@ module names) refine the flags; their syntax and rule are in :mod:`bridge_freeze
 
 from __future__ import annotations
 
+import inspect
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidPatternError
+from bridge_freeze_plugin.parts import ALIASES, FLAG_PARTS, FLAGS, INFO, SELECTABLE_PARTS, Part
 
 if TYPE_CHECKING:
     from bridge_freeze_plugin.patterns import PatternSet
 
 
-class Part(StrEnum):
-    """The parts a VLM's parameters are divided into."""
-
-    LANGUAGE_MODEL = "language_model"
-    VISION_MODEL = "vision_model"
-    VISION_PROJECTION = "vision_projection"
-    #: Known modules outside the three parts (e.g. an audio tower): no flag touches them.
-    OTHER = "other"
-
-
-#: The three selectable parts, in the order flags and reports list them.
-SELECTABLE_PARTS: tuple[Part, ...] = (Part.LANGUAGE_MODEL, Part.VISION_MODEL, Part.VISION_PROJECTION)
-
-#: Flag name -> the part it freezes.
-FLAG_PARTS: dict[str, Part] = {
-    "freeze_language_model": Part.LANGUAGE_MODEL,
-    "freeze_vision_model": Part.VISION_MODEL,
-    "freeze_vision_projection": Part.VISION_PROJECTION,
-}
-FLAGS: tuple[str, ...] = tuple(FLAG_PARTS)
+#: The parts a flag can freeze, their flags and Bridge's aliases come from the vocabulary (:mod:`.parts`).
+__all__ = ["ALIASES", "FLAGS", "FLAG_PARTS", "INFO", "PATTERN_KEYS", "SELECTABLE_PARTS", "FreezeSelection", "Part",
+           "asked_text", "pattern_tuple", "type_name"]
 
 #: The two pattern lists: provider attributes, config keys and :class:`FreezeSelection` fields alike.
 PATTERN_KEYS: tuple[str, ...] = ("train_patterns", "freeze_patterns")
@@ -66,17 +50,34 @@ def pattern_tuple(value: Any, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _with_flag_fields(cls: type) -> type:
+    """One ``bool`` field per flag of the vocabulary (default ``False``), before the class's own fields."""
+    cls.__annotations__ = {**dict.fromkeys(FLAGS, "bool"), **inspect.get_annotations(cls)}
+    for flag in FLAGS:
+        setattr(cls, flag, False)
+    return cls
+
+
+def _assumed(frozen: Iterable[Part]) -> tuple[Part, ...]:
+    """The parts a model is taken to have when its family is unknown: the vocabulary's assumed parts, and any part
+    whose flag is set."""
+    frozen = set(frozen)
+    return tuple(p for p in SELECTABLE_PARTS if INFO[p].assumed or p in frozen)
+
+
 @dataclass(frozen=True)
+@_with_flag_fields
 class FreezeSelection:
-    """Which parts to freeze. All ``False`` (the default) trains the whole model.
+    """Which parts to freeze: one ``freeze_<part>`` field per part of the vocabulary (:mod:`.parts`), all ``False``
+    by default (train the whole model).
 
     ``train_patterns`` / ``freeze_patterns`` refine the flags per parameter (compiled here: an invalid one
     raises :class:`InvalidPatternError`); see :mod:`bridge_freeze_plugin.patterns` for the rule.
+
+    Methods that speak of "every part" take ``parts``: the parts the model has (its family's
+    ``part_names()``); without it, the parts a vision-language model is assumed to have, plus any flagged part.
     """
 
-    freeze_language_model: bool = False
-    freeze_vision_model: bool = False
-    freeze_vision_projection: bool = False
     train_patterns: tuple[str, ...] = ()
     freeze_patterns: tuple[str, ...] = ()
     #: The compiled patterns (falsy when there are none).
@@ -96,6 +97,10 @@ class FreezeSelection:
             object.__setattr__(self, key, pattern_tuple(getattr(self, key), key))
         object.__setattr__(self, "patterns", PatternSet.of(self.train_patterns, self.freeze_patterns))
 
+    def parts_of(self, parts: Iterable[Part] | None = None) -> tuple[Part, ...]:
+        """``parts`` in vocabulary order; ``None``: the assumed parts and every flagged part."""
+        return _assumed(self.frozen_parts()) if parts is None else tuple(p for p in SELECTABLE_PARTS if p in set(parts))
+
     @property
     def any_set(self) -> bool:
         """A flag is set, or a pattern given: the selection asks for something beyond "train everything"."""
@@ -103,10 +108,15 @@ class FreezeSelection:
 
     @property
     def all_set(self) -> bool:
-        return all(self.as_dict().values())
+        """Every part frozen (the assumed parts and any flagged one; :meth:`freezes_all` for a known family)."""
+        return self.freezes_all()
+
+    def freezes_all(self, parts: Iterable[Part] | None = None) -> bool:
+        """Every one of ``parts`` (see :meth:`parts_of`) is frozen by its flag."""
+        return set(self.parts_of(parts)) <= self.frozen_parts()
 
     def as_dict(self) -> dict[str, bool]:
-        """The three flags (see :meth:`patterns_dict` and :meth:`provider_attributes` for the rest)."""
+        """Every flag (see :meth:`patterns_dict` and :meth:`provider_attributes` for the rest)."""
         return {name: getattr(self, name) for name in FLAGS}
 
     def patterns_dict(self) -> dict[str, list[str]]:
@@ -114,16 +124,16 @@ class FreezeSelection:
         return {key: list(getattr(self, key)) for key in PATTERN_KEYS}
 
     def provider_attributes(self) -> dict[str, Any]:
-        """Everything a provider holds of the selection: the three flags and the two pattern lists."""
+        """Everything a provider holds of the selection: every flag and the two pattern lists."""
         return {**self.as_dict(), **self.patterns_dict()}
 
     def frozen_parts(self) -> frozenset[Part]:
         return frozenset(part for name, part in FLAG_PARTS.items() if getattr(self, name))
 
-    def trained_parts(self) -> frozenset[Part]:
-        """The parts whose flag lets them train (a train pattern may train parts of the others: see
-        :meth:`untrained_parts`)."""
-        return frozenset(SELECTABLE_PARTS) - self.frozen_parts()
+    def trained_parts(self, parts: Iterable[Part] | None = None) -> frozenset[Part]:
+        """The parts (of ``parts``, see :meth:`parts_of`) whose flag lets them train (a train pattern may train
+        parts of the others: see :meth:`untrained_parts`)."""
+        return frozenset(self.parts_of(parts)) - self.frozen_parts()
 
     def untrained_parts(self, prefixes: Mapping[Part, Iterable[str]] | None = None) -> frozenset[Part]:
         """The parts none of whose parameters will train at full rank: frozen by their flag, and no train pattern
@@ -150,17 +160,25 @@ class FreezeSelection:
     def set_flags(self) -> tuple[str, ...]:
         return tuple(name for name in FLAGS if getattr(self, name))
 
-    def describe(self) -> str:
-        trained = [p.value for p in SELECTABLE_PARTS if p in self.trained_parts()]
-        text = "train " + (" + ".join(trained) if trained else "nothing (all three parts frozen)")
+    def describe(self, parts: Iterable[Part] | None = None) -> str:
+        """``"train vision_projection"``: what trains at full rank, of ``parts`` (see :meth:`parts_of`)."""
+        trained = [p.value for p in self.parts_of(parts) if p in self.trained_parts(parts)]
+        text = "train " + (" + ".join(trained) if trained else "nothing (every part frozen)")
         if not self.patterns:
             return text
         return f"{text}; patterns: " + ", ".join(str(p) for p in self.patterns.all)
 
     @classmethod
     def from_object(cls, obj: Any) -> FreezeSelection:
-        """Read the flags and patterns off a provider (or any object); a missing attribute means ``False`` / none."""
+        """Read the flags and patterns off a provider (or any object); a missing attribute means ``False`` / none.
+
+        A Bridge field that means one of the flags (an alias, e.g. ``freeze_sound_encoder``) set ``True`` freezes
+        that part too.
+        """
         values = {name: getattr(obj, name, False) for name in FLAGS}
+        for alias, flag in ALIASES.items():
+            if values[flag] is False and getattr(obj, alias, False) is True:
+                values[flag] = True
         values.update({key: getattr(obj, key, None) for key in PATTERN_KEYS})
         try:
             return cls(**values)
@@ -173,7 +191,21 @@ class FreezeSelection:
         return cls(**{name: mapping[name] for name in (*FLAGS, *PATTERN_KEYS) if name in mapping})
 
     @classmethod
-    def all_selections(cls) -> Iterator[FreezeSelection]:
-        """The 8 selections, from "train everything" to "freeze everything"."""
-        for values in itertools.product((False, True), repeat=len(FLAGS)):
-            yield cls(**dict(zip(FLAGS, values, strict=True)))
+    def all_selections(cls, parts: Iterable[Part] | None = None) -> Iterator[FreezeSelection]:
+        """Every selection of ``parts`` (default: the assumed parts, 8 selections), from "train everything" to
+        "freeze everything"."""
+        flags = [INFO[p].flag for p in (_assumed(()) if parts is None else cls().parts_of(parts))]
+        for values in itertools.product((False, True), repeat=len(flags)):
+            yield cls(**dict(zip(flags, values, strict=True)))
+
+
+def asked_text(selection: FreezeSelection, key: Callable[[str], str] | None = None, true: str = "True") -> str:
+    """What was asked, the one way every message says it: the flags set and the patterns given, as written
+    (``key``: a flag or pattern name -> where it was written, e.g. ``model.freeze_vision_model``; ``true``: how that
+    source spells true). ``""`` when nothing is asked."""
+    where = key or (lambda name: name)
+    asked = [f"{where(flag)}={true}" for flag in selection.set_flags()]
+    for name, values in selection.patterns_dict().items():
+        if values:
+            asked.append(f"{where(name)}=[{', '.join(repr(v) for v in values)}]")
+    return ", ".join(asked)

@@ -11,10 +11,11 @@ import contextlib
 import logging
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.parts import FLAGS, INFO, VOCABULARY
+from bridge_freeze_plugin.selection import FreezeSelection, Part
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -91,31 +92,28 @@ def finish_subcommand(parser: argparse.ArgumentParser, run: Callable[[argparse.N
 
 
 def add_selection_flags(parser: argparse.ArgumentParser, *, demo: bool = True) -> None:
-    """The three --freeze-* flags (and, for the demo, --train-all)."""
+    """One --freeze-<part> option per part of the vocabulary (and, for the demo, --train-all)."""
     title = "selection (default for demo: projection only)" if demo else "selection (default: train everything)"
     group = parser.add_argument_group(title)
-    group.add_argument("--freeze-language-model", action="store_true", help="freeze the language model")
-    group.add_argument("--freeze-vision-model", action="store_true", help="freeze the vision encoder")
-    group.add_argument("--freeze-vision-projection", action="store_true", help="freeze the vision projection")
+    for info in VOCABULARY:
+        extra = "" if info.assumed else " (a family that has one)"
+        group.add_argument(info.option, action="store_true", help=f"freeze the {info.label}{extra}")
     if demo:
         group.add_argument("--train-all", action="store_true", help="set no flag: train the whole model")
 
 
 def selection_from(args: argparse.Namespace, default: FreezeSelection | None = None) -> FreezeSelection:
     """The selection the --freeze-* flags ask for; ``default`` when none is given (and not --train-all)."""
-    chosen = FreezeSelection(
-        freeze_language_model=args.freeze_language_model,
-        freeze_vision_model=args.freeze_vision_model,
-        freeze_vision_projection=args.freeze_vision_projection,
-    )
+    chosen = FreezeSelection(**{flag: bool(getattr(args, flag, False)) for flag in FLAGS})
     if default is None or chosen.any_set or getattr(args, "train_all", False):
         return chosen
     return default
 
 
-def flags_line(selection: FreezeSelection) -> str:
-    """``freeze_language_model=true freeze_vision_model=false ...``."""
-    return " ".join(f"{k}={'true' if v else 'false'}" for k, v in selection.as_dict().items())
+def flags_line(selection: FreezeSelection, parts: Iterable[Part] | None = None) -> str:
+    """``freeze_language_model=true freeze_vision_model=false ...``: the flags of ``parts`` (the model's)."""
+    return " ".join(f"{INFO[p].flag}={'true' if getattr(selection, INFO[p].flag) else 'false'}"
+                    for p in selection.parts_of(parts))
 
 
 @contextlib.contextmanager

@@ -22,7 +22,8 @@ from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_sub
 from bridge_freeze_plugin.config.layouts import LAYOUTS
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.optim.settings import LR_KEYS
-from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, SELECTABLE_PARTS, FreezeSelection, Part
+from bridge_freeze_plugin.parts import INFO
+from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, FreezeSelection, Part
 
 _OPERATIONS = {"set": "sets", "add": "adds", "force": "adds or sets", "delete": "deletes"}
 
@@ -51,8 +52,9 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     """(key, value, source) of every setting the rules read: the flags, the patterns, the per-part learning
     rates (those set), then the other settings."""
     s, loaded = checked.settings, checked.loaded
+    flags = [INFO[part].flag for part in _model_parts(s.selection, s.family)]
     rows = [(s.key_of(flag), getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(s.key_of(flag)))
-            for flag in FLAGS]
+            for flag in flags]
     rows += [(s.key_of(key), list(getattr(s.selection, key)), loaded.source(s.key_of(key))) for key in PATTERN_KEYS]
     rates = s.learning_rates.as_dict() if s.learning_rates else {}
     rows += [(f"{s.learning_rates_key}.{key}", rates[key], loaded.source(f"{s.learning_rates_key}.{key}"))
@@ -78,6 +80,11 @@ def _switch(cfg: Any, key: str) -> Any:
     return select(cfg, key)
 
 
+def _model_parts(selection: FreezeSelection, family: Any) -> tuple[Part, ...]:
+    """The parts the model has: its family's; unknown family: those assumed for a VLM, and any part flagged."""
+    return selection.parts_of(None if family is None else family.part_names())
+
+
 def _parts(selection: FreezeSelection, family: Any = None,
            frozen_by_hooks: frozenset[Part] = frozenset()) -> tuple[list[str], list[str], dict[str, str]]:
     """(parts that train whole, parts frozen whole, part -> how the patterns decide it per tensor).
@@ -87,10 +94,11 @@ def _parts(selection: FreezeSelection, family: Any = None,
     known, else any registered family's). Which tensors they match is known once the model is built.
     ``frozen_by_hooks``: parts a trainer's own hook freezes whole (NeMo-RL's ``freeze_config``).
     """
-    prefixes = None if family is None else {part: family.prefixes(part) for part in SELECTABLE_PARTS}
+    parts = _model_parts(selection, family)
+    prefixes = None if family is None else {part: family.prefixes(part) for part in parts}
     untrained = selection.untrained_parts(prefixes)
     trained, frozen, per_tensor = [], [], {}
-    for part in SELECTABLE_PARTS:
+    for part in parts:
         if part in frozen_by_hooks:
             frozen.append(part.value)
         elif part in selection.trained_parts():
@@ -133,7 +141,7 @@ def _summary(checked: Any, selection: FreezeSelection) -> Summary:
         summary.lora = _lora_doc(checked, "the plugin's flags: a part whose flag is false trains at full rank, a "
                                           "part whose flag is true through its adapters only")
     else:  # plain LoRA: Bridge's PEFT step freezes the whole base model; only the adapters train
-        summary = Summary([], [part.value for part in SELECTABLE_PARTS], {})
+        summary = Summary([], [part.value for part in _model_parts(selection, s.family)], {})
         summary.lora = _lora_doc(checked, "LoRA alone (no flag): the base model is frozen, only the adapters train")
     if hooks:
         summary.lines.append("frozen whole by the trainer's own hook: " + ", ".join(
@@ -160,15 +168,15 @@ def _vlm_lora_summary(checked: Any) -> Summary:
                         for setting in (s.vlm_lora or {}).values())
     doc = _lora_doc(checked, "VLMLoRA's own switches (no flag set: the plugin is not asked)", switches)
     if s.family is None:
-        per_tensor = {part.value: "VLMLoRA's switches decide" for part in SELECTABLE_PARTS}
+        per_tensor = {part.value: "VLMLoRA's switches decide" for part in _model_parts(FreezeSelection(), None)}
         summary = Summary([], [], per_tensor, doc, per_tensor_by="VLMLoRA")
         summary.lines.append(f"VLMLoRA's own switches ({written}) name the LLaVA layout's modules (model.vision_model, "
                              "vision_projection, language_model); the family is unknown, so which parts they freeze "
                              "cannot be said here (--family NAME)")
         return summary
     effect = rules.vlm_lora_effect(s.family, switches)
-    trained = [p.value for p in SELECTABLE_PARTS if p not in effect.frozen | effect.partial]
-    frozen = [p.value for p in SELECTABLE_PARTS if p in effect.frozen]
+    trained = [p.value for p in s.family.part_names() if p not in effect.frozen | effect.partial]
+    frozen = [p.value for p in s.family.part_names() if p in effect.frozen]
     per_tensor = {p.value: f"VLMLoRA freezes part of it ({', '.join(effect.modules)})" for p in effect.partial}
     summary = Summary(trained, frozen, per_tensor, doc, per_tensor_by="VLMLoRA")
     summary.lines.append(f"VLMLoRA's own switches ({written}) freeze {', '.join(effect.modules) or 'nothing'} "
@@ -354,7 +362,9 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
     trained = summary.trained
     adjusted = checked.adjustments()
     if args.json:
-        _print_json({**doc, "valid": True, "selection": selection.as_dict(), "trained_parts": trained,
+        parts = _model_parts(selection, checked.settings.family)
+        flags = {INFO[p].flag: getattr(selection, INFO[p].flag) for p in parts}
+        _print_json({**doc, "valid": True, "selection": flags, "trained_parts": trained,
                      "frozen_parts": summary.frozen, "pattern_parts": summary.per_tensor, "lora": summary.lora,
                      "adjustments": adjusted})
         return EXIT_OK

@@ -47,6 +47,7 @@ from bridge_freeze_plugin.cli.training_options import (
     with_patterns,
 )
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
+from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
 
 #: The demo's default selection: the projection trains, the rest is frozen.
@@ -116,7 +117,10 @@ def _check_request(model: str, selection: FreezeSelection, lora_rank: int = 0) -
     if reason is not None:
         raise CommandError(f"the demo cannot run {model!r} here: {reason}; families it runs: "
                            f"{', '.join(demo_families())}")
-    refuse_nothing_to_train(selection, lora_rank)
+    from bridge_freeze_plugin.registry import REGISTRY
+
+    family = REGISTRY.get_or_none(model)
+    refuse_nothing_to_train(selection, lora_rank, None if family is None else family.part_names())
 
 
 def _workdir(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -164,6 +168,7 @@ def _bridge_output_to(log: Path, level: int) -> Iterator[IO[str]]:
 
 def _print_table(tensors: list[Any]) -> None:
     """Per part: exported HF tensors, those fed by a trainable Megatron parameter, those that changed."""
+    listed = {p.value for p in SELECTABLE_PARTS if INFO[p].assumed}
     rows: dict[str, list[int]] = {p.value: [0, 0, 0] for p in SELECTABLE_PARTS}
     for t in tensors:
         row = rows.setdefault("other" if t.part is None else ("no-source" if t.part == "none" else t.part), [0, 0, 0])
@@ -172,7 +177,7 @@ def _print_table(tensors: list[Any]) -> None:
         row[2] += t.changed
     out(f"  {'part':<18} {'tensors':>8} {'trainable':>10} {'changed':>8}")
     for part, (total, trainable, changed) in rows.items():
-        if total or part in {p.value for p in SELECTABLE_PARTS}:
+        if total or part in listed:
             out(f"  {part:<18} {total:>8} {trainable:>10} {changed:>8}")
 
 
@@ -247,8 +252,9 @@ def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rat
         out(result.report.format())
     if rates:
         frozen = set(selection.untrained_parts())
+        listed = result.report.part_names if result.report is not None else selection.parts_of()
         parts = [f"{p.value} frozen" if p in frozen else f"{p.value} {rates.get(p.value, GLOBAL_LR):g}"
-                 for p in SELECTABLE_PARTS]
+                 for p in listed]
         adapters = f", adapters {GLOBAL_LR:g}" if args.lora_rank else ""
         out(f"learning rates: {', '.join(parts)}{adapters} (global {GLOBAL_LR:g})")
     out()

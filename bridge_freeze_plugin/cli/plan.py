@@ -185,7 +185,8 @@ def _print_table(result: Any) -> None:
     total = result.total
     out(f"{result.provider}, family {result.family} ({where}): built on the meta device in "
         f"{result.build_seconds:.1f} s, {total.count.total_tensors:,} tensors")
-    out(f"selection: {flags_line(result.selection)} ({result.selection.describe()})")
+    out(f"selection: {flags_line(result.selection, result.part_names)} "
+        f"({result.selection.describe(result.part_names)})")
     out(f"assumes: {result.assumptions.describe()}")
     out()
     lora = total.count.adapter_tensors > 0

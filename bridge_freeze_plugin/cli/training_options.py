@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from bridge_freeze_plugin.errors import CommandError
+from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.patterns import check_lora_targets
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
+from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection, Part
 
-LR_OPTIONS = {part.value: f"lr_{part.value}" for part in SELECTABLE_PARTS}
+LR_OPTIONS = {part.value: INFO[part].lr_key for part in SELECTABLE_PARTS}
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 
 
@@ -72,14 +74,15 @@ def with_patterns(selection: FreezeSelection, args: argparse.Namespace) -> Freez
     train, freeze = list(getattr(args, "train", [])), list(getattr(args, "freeze", []))
     if not train and not freeze:
         return selection
-    return FreezeSelection(*(selection.as_dict().values()), train_patterns=train, freeze_patterns=freeze)
+    return FreezeSelection(**selection.as_dict(), train_patterns=train, freeze_patterns=freeze)
 
 
-def refuse_nothing_to_train(selection: FreezeSelection, lora_rank: int) -> None:
-    """All three parts frozen, no LoRA and no train pattern: nothing would train (refused before any build)."""
-    if selection.all_set and not lora_rank and not selection.train_patterns:
+def refuse_nothing_to_train(selection: FreezeSelection, lora_rank: int, parts: Iterable[Part] | None = None) -> None:
+    """Every part (of ``parts``: the model's) frozen, no LoRA and no train pattern: nothing would train (refused
+    before any build)."""
+    if selection.freezes_all(parts) and not lora_rank and not selection.train_patterns:
         raise CommandError(
-            "all three parts frozen and no LoRA (--lora-rank): nothing would train. Leave at least one --freeze-* "
+            "every part frozen and no LoRA (--lora-rank): nothing would train. Leave at least one --freeze-* "
             "flag off, add --lora-rank N to train adapters, or --train PATTERN"
         )
 

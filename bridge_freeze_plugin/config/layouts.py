@@ -228,15 +228,10 @@ def _router(by: str) -> OwnSetting:
     return OwnSetting(_ROUTER, by, narrows=Part.LANGUAGE_MODEL)
 
 
-#: Bridge 0.6.2's own ``freeze_*`` provider fields beyond the three flags (read from its provider classes): Bridge
-#: applies them when it builds the model. They freeze modules outside the plugin's three parts (its audio /
-#: sound parts are a later issue).
+#: Bridge 0.6.2's own ``freeze_*`` provider fields that are neither a flag nor a flag's alias (read from its provider
+#: classes; the aliases, e.g. ``freeze_sound_encoder``, are read as their flag: :data:`~bridge_freeze_plugin.parts.
+#: ALIASES`): Bridge applies them when it builds the model; they freeze modules outside every part.
 BRIDGE_FIELDS: Mapping[str, OwnSetting] = {
-    "freeze_audio_model": OwnSetting(
-        "the audio encoder (Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni, Qwen3-ASR providers)", "Bridge", outside=True),
-    "freeze_audio_projection": OwnSetting("the audio projection (Qwen2-Audio provider)", "Bridge", outside=True),
-    "freeze_sound_encoder": OwnSetting("the sound encoder (Nemotron Omni provider)", "Bridge", outside=True),
-    "freeze_sound_projection": OwnSetting("the sound projection (Nemotron Omni provider)", "Bridge", outside=True),
     "freeze_mtp_model": OwnSetting("the multi-token-prediction layers (EXAONE 4.5 provider)", "Bridge", outside=True),
     "freeze_modality_encoders": OwnSetting("the modality encoders (MIMO provider)", "Bridge", outside=True),
     "freeze_modality_projections": OwnSetting("the modality projections (MIMO provider)", "Bridge", outside=True),
@@ -329,6 +324,8 @@ RL = Layout(
 
 #: Bridge's LoRA class with its own three freeze switches (``peft.freeze_*``).
 VLM_LORA = "megatron.bridge.peft.lora.VLMLoRA"
+#: ``VLMLoRA``'s own freeze switches (fields of Bridge's class, named like three of the flags).
+VLM_LORA_SWITCHES = ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
 
 BRIDGE = Layout(
     name="bridge",
@@ -375,11 +372,11 @@ _AUTOMODEL_FREEZE = OwnSetting("what NeMo Automodel's freeze_config names", "NeM
 
 def _nemo_rl_own(megatron_cfg: str) -> dict[str, Mapping[str, OwnSetting] | OwnSetting]:
     """The freeze settings NeMo-RL reads itself, below one model's ``megatron_cfg`` (the policy's, a teacher's)."""
-    passed = {key: OwnSetting(BRIDGE_FIELDS[key].what, "Bridge (NeMo-RL passes it from megatron_cfg to the provider)",
-                              outside=True) for key in ("freeze_sound_encoder", "freeze_sound_projection")}
+    # (NeMo-RL passes freeze_sound_encoder / freeze_sound_projection from megatron_cfg to the provider: Bridge's
+    # names of the audio flags, read as those flags.)
     return {
-        megatron_cfg: {"freeze_moe_router": _router("NeMo-RL"), "freeze_config": _NEMO_RL_FREEZE_CONFIG, **passed},
-        f"{megatron_cfg}.model_overrides": {k: v for k, v in BRIDGE_FIELDS.items() if k not in passed},
+        megatron_cfg: {"freeze_moe_router": _router("NeMo-RL"), "freeze_config": _NEMO_RL_FREEZE_CONFIG},
+        f"{megatron_cfg}.model_overrides": dict(BRIDGE_FIELDS),
         # any key: NeMo-RL passes freeze_config to the model's freeze() as keyword arguments
         f"{megatron_cfg}.freeze_config": _NEMO_RL_FREEZE_CONFIG,
     }

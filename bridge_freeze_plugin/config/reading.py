@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.config.layouts import PLUGIN_KEYS, Layout, OwnSetting, plugin_sections
+from bridge_freeze_plugin.config.layouts import PLUGIN_KEYS, VLM_LORA_SWITCHES, Layout, OwnSetting, plugin_sections
 from bridge_freeze_plugin.config.yaml_overrides import brief
 from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,
@@ -26,7 +26,7 @@ from bridge_freeze_plugin.errors import (
 )
 from bridge_freeze_plugin.optim.settings import LR_KEYS, looks_like_lr_key, read_part_learning_rates
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, FreezeSelection
+from bridge_freeze_plugin.selection import ALIASES, FLAGS, PATTERN_KEYS, FreezeSelection, Part
 
 #: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.
 _MISSPELLING_CUTOFF = 0.8
@@ -154,6 +154,11 @@ class RunSettings:
     #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
     trainer: str = "the trainer"
 
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """The model's parts: its family's; family unknown: those assumed for a VLM, and any part flagged."""
+        return self.selection.parts_of(None if self.family is None else self.family.part_names())
+
     def key_of(self, name: str) -> str:
         """The dotted key of a plugin key (a flag or a pattern key) in this run's config."""
         return self.flag_keys.get(name, f"{self.flags_key}.{name}")
@@ -228,7 +233,7 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
     ``freeze_audio_model`` is never "a misspelling of freeze_vision_model". ``any_own``: every ``freeze_*`` key
     of the section is such a setting. ``refused``: names that are no setting there, with why.
     """
-    if key in FLAGS:
+    if key in FLAGS or key in ALIASES:
         if isinstance(value, bool):
             return None
         return (
@@ -290,6 +295,15 @@ def _checked_section(section: Mapping[str, Any] | None, where: str, known: froze
 def _selection(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str]) -> FreezeSelection:
     """The selection from checked sections: each plugin key read from its home section (``homes``)."""
     flags = {key: sections[homes[key]][key] for key in FLAGS if key in sections.get(homes[key], {})}
+    for alias, flag in ALIASES.items():  # Bridge's own name of a flag (freeze_sound_encoder): read as the flag
+        home = sections.get(homes[flag], {})
+        if alias not in home:
+            continue
+        if flag in flags and flags[flag] != home[alias]:
+            raise InvalidFreezeConfigError(
+                f"{homes[flag]}.{alias}={as_yaml(home[alias])} and {homes[flag]}.{flag}={as_yaml(flags[flag])} "
+                f"disagree: {alias} is Bridge's name of {flag} (the same part). Write one of them.")
+        flags[flag] = home[alias]
     patterns = {key: [value] if isinstance(value, str) else list(value) for key in PATTERN_KEYS
                 if (value := sections.get(homes[key], {}).get(key)) is not None}
     where = ", ".join(dict.fromkeys(homes[key] for key in PATTERN_KEYS if patterns.get(key))) or homes[FLAGS[0]]
@@ -362,7 +376,7 @@ def _vlm_lora(cfg: Any, layout: Layout, lora: LoraSettings, source: Source) -> M
         return None
     values = section(cfg, layout.lora)
     out = {}
-    for flag in FLAGS:
+    for flag in VLM_LORA_SWITCHES:
         key = f"{layout.lora}.{flag}"
         value = values.get(flag, True)
         if not isinstance(value, bool):

@@ -1,4 +1,4 @@
-"""``FreezableVLMProvider``: the three flags and the plugin's build on any Bridge VLM provider.
+"""``FreezableVLMProvider``: the flags and the plugin's build on any Bridge VLM provider.
 
 Put the mixin first among the bases of a Bridge provider dataclass::
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from bridge_freeze_plugin.mixins.generated import freezable_class
 from bridge_freeze_plugin.prewrap.context import BuildContext
-from bridge_freeze_plugin.prewrap.flags import FlagField
+from bridge_freeze_plugin.prewrap.flags import with_flag_fields
 from bridge_freeze_plugin.prewrap.freeze import freeze_chunks
 from bridge_freeze_plugin.prewrap.hooks import HookChain
 from bridge_freeze_plugin.prewrap.pipeline import preflight, provide_distributed_frozen, provide_frozen
@@ -33,12 +33,13 @@ ModelChunks = list[Any]
 
 
 @dataclasses.dataclass
+@with_flag_fields
 class FreezableVLMProvider:
-    """Mixin for Bridge VLM providers: exactly the selected parts train, or a clear error."""
+    """Mixin for Bridge VLM providers: exactly the selected parts train, or a clear error.
 
-    freeze_language_model: bool = FlagField(False)  # type: ignore[assignment]
-    freeze_vision_model: bool = FlagField(False)  # type: ignore[assignment]
-    freeze_vision_projection: bool = FlagField(False)  # type: ignore[assignment]
+    One ``freeze_<part>`` field per part of the vocabulary (:mod:`bridge_freeze_plugin.parts`), default ``False``.
+    """
+
     #: patterns refining the flags per parameter (see ``FreezeSelection``): fields, so that a provider's
     #: ``run_config.yaml`` keeps them
     train_patterns: tuple[str, ...] = ()

@@ -26,7 +26,8 @@ from typing import Any
 
 from bridge_freeze_plugin.counting import PartCount, PartTally
 from bridge_freeze_plugin.errors import PlanError
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection, Part
+from bridge_freeze_plugin.parts import INFO
+from bridge_freeze_plugin.selection import FreezeSelection, Part
 
 #: Version of the ``--json`` document (bumped on any incompatible change; see docs/cli.md).
 SCHEMA_VERSION = 1
@@ -206,6 +207,11 @@ class Plan:
     per_rank: tuple[Any, ...] = ()
     per_rank_seconds: float = 0.0
 
+    @property
+    def part_names(self) -> tuple[Part, ...]:
+        """The parts of the model (its family's), in vocabulary order."""
+        return tuple(p.count.part for p in self.parts if p.count.part not in (None, Part.OTHER))
+
     def largest_rank(self) -> Any:
         """The rank position holding the most bytes (weights + gradients + optimizer + peak activations)."""
         return max(self.per_rank, key=lambda r: (r.total_bytes, -r.pp, -r.tp, -r.ep)) if self.per_rank else None
@@ -221,8 +227,8 @@ class Plan:
                 "model_name": self.model_name,
                 "device": "meta",
             },
-            "selection": self.selection.as_dict(),
-            "trained_parts": [p.value for p in SELECTABLE_PARTS if p in self.selection.trained_parts()],
+            "selection": {INFO[p].flag: getattr(self.selection, INFO[p].flag) for p in self.part_names},
+            "trained_parts": [p.value for p in self.part_names if p in self.selection.trained_parts(self.part_names)],
             "assumptions": self.assumptions.as_dict(),
             "parts": [p.as_dict() for p in self.parts],
             "total": self.total.as_dict(),
@@ -255,7 +261,7 @@ def make_plan(
     per_rank: tuple[Any, ...] = (),
     per_rank_seconds: float = 0.0,
 ) -> Plan:
-    """Aggregate per-parameter records into per-part counts and byte estimates."""
+    """Aggregate per-parameter records into per-part counts and byte estimates (a row per part of the family)."""
     params = tuple(params)
     tally = PartTally()
     for p in params:
@@ -268,7 +274,7 @@ def make_plan(
         model_name=model_name,
         selection=selection,
         assumptions=assumptions,
-        parts=tuple(PlanPart(count, assumptions) for count in tally.parts()),
+        parts=tuple(PlanPart(count, assumptions) for count in tally.parts(_family_parts(family))),
         total=PlanPart(tally.total(), assumptions),
         params=params,
         build_seconds=build_seconds,
@@ -277,3 +283,10 @@ def make_plan(
         per_rank=tuple(per_rank),
         per_rank_seconds=per_rank_seconds,
     )
+
+
+def _family_parts(family: str) -> tuple[Part, ...] | None:
+    from bridge_freeze_plugin.registry import REGISTRY
+
+    spec = REGISTRY.get_or_none(family)
+    return None if spec is None else spec.part_names()

@@ -9,7 +9,7 @@ from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.provider import model_name_of, overridden_defaults, provider_label, resolve_family
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.selection import FreezeSelection, Part, asked_text
 
 if TYPE_CHECKING:
     from bridge_freeze_plugin.patterns import PatternSummary
@@ -45,7 +45,7 @@ class BuildContext:
         """Whether the parameter ``name`` of ``part`` must train (``None``: not governed by the selection).
 
         The one rule the freeze applies and the guarantee checks: a part whose flag is set is frozen, the
-        other two parts train; then the patterns, on the model-wide ``name``: a train pattern trains, else a
+        other parts train; then the patterns, on the model-wide ``name``: a train pattern trains, else a
         freeze pattern freezes (:mod:`bridge_freeze_plugin.patterns`). ``other`` and unclassified parameters
         are left alone.
         """
@@ -58,12 +58,17 @@ class BuildContext:
     @property
     def asked(self) -> str:
         """``"freeze_vision_model=True on Qwen3VLModelProvider (Qwen/...)"``, for messages."""
-        asked = [f"{f}=True" for f in self.selection.set_flags()]
-        for key, values in self.selection.patterns_dict().items():
-            quoted = ", ".join(repr(v) for v in values)
-            asked += [f"{key}=[{quoted}]"] if values else []
         model = f" ({self.model_name})" if self.model_name else ""
-        return f"{', '.join(asked) or 'no freeze flag'} on {self.provider_label or 'the model'}{model}"
+        return f"{asked_text(self.selection) or 'no freeze flag'} on {self.provider_label or 'the model'}{model}"
+
+    @property
+    def parts(self) -> tuple[Part, ...] | None:
+        """The family's parts (``None``: no family)."""
+        return None if self.family is None else self.family.part_names()
+
+    def describe(self) -> str:
+        """What trains at full rank, of the family's parts (``"train vision_projection"``)."""
+        return self.selection.describe(self.parts)
 
     def report(self, tally: PartTally, patterns: PatternSummary | None = None) -> FreezeReport:
         assert self.family is not None
@@ -72,7 +77,7 @@ class BuildContext:
             provider=self.provider_label,
             model_name=self.model_name,
             selection=self.selection,
-            parts=tally.parts(),
+            parts=tally.parts(self.family.part_names()),
             overridden_defaults=self.overridden_defaults,
             notes=self.notes,
             patterns=patterns,

@@ -1,4 +1,4 @@
-"""The three flags as data descriptors, so a build can hide them from Bridge's own ``provide()``.
+"""The flags as data descriptors, so a build can hide them from Bridge's own ``provide()``.
 
 Bridge's VLM providers call their model's own ``freeze()`` inside ``provide()`` when a flag is set; that
 freeze leaves gaps in some vision towers and prints one line per parameter on Nemotron-VL. The plugin
@@ -14,6 +14,7 @@ flag's own name, so pickling, ``copy`` and ``dataclasses`` behave as with a plai
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -64,3 +65,13 @@ class FlagField:
 
     def __repr__(self) -> str:
         return f"<bridge-freeze flag {self.name} (default {self.default})>"
+
+
+def with_flag_fields(cls: type) -> type:
+    """Give a class body (before ``@dataclass``) one :class:`FlagField` per flag of the vocabulary, as fields."""
+    from bridge_freeze_plugin.parts import FLAGS
+
+    cls.__annotations__ = {**dict.fromkeys(FLAGS, "bool"), **inspect.get_annotations(cls)}
+    for flag in FLAGS:
+        setattr(cls, flag, FlagField(False, flag))
+    return cls

@@ -105,7 +105,7 @@ def pattern_summary(context: BuildContext, classified: Any) -> PatternSummary | 
     """What the selection's patterns match among ``(model-wide name, part, parameter)``; ``None`` without any."""
     if not context.selection.patterns:
         return None
-    tally = PatternTally(context.selection.patterns, context.selection.frozen_parts())
+    tally = PatternTally(context.selection.patterns, context.selection.frozen_parts(), context.parts)
     seen: set[int] = set()
     for name, part, param in classified:
         if id(param) not in seen:

@@ -8,7 +8,7 @@ other hooks such as plain LoRA decide):
 - a parameter of a frozen part must be frozen; one of a trained part must be trainable. Parameters the
   freeze saw are recognised by identity, so a hook that wraps or renames (``torch.compile``) hides none;
 - a parameter a hook added may train in a frozen part when a PEFT hook ran (LoRA's adapters: trainable =
-  adapters + full-rank parts, exactly) or all three parts are frozen. A new tensor under the name of a
+  adapters + full-rank parts, exactly) or every part is frozen. A new tensor under the name of a
   base parameter (a hook that replaced the weight) is not an adapter: it is the base weight, and must be
   frozen in a frozen part;
 - a trainable parameter a hook added that no prefix of the family covers (a new head) is a violation:
@@ -55,7 +55,7 @@ def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext,
         return "trains, but its part is frozen"
     if classifier.names_a_known_parameter(name):
         return "replaced by a hook and trains in a frozen part"
-    if adapters or selection.all_set:
+    if adapters or selection.freezes_all(context.parts):
         return None  # an adapter (a PEFT hook ran, or LoRA over a fully frozen model)
     return "added by a hook and trains in a frozen part"
 
@@ -134,7 +134,7 @@ def describe(found: Sequence[Violation], context: BuildContext, culprit: Any | N
     flags = ", ".join(f"{f}=True" for f in context.selection.set_flags())
     return (
         f"{flags} on {context.provider_label} (family {context.family.name}) promised "
-        f"'{context.selection.describe()}', but after the pre-wrap hooks {len(found)} parameter(s) disagree: "
+        f"'{context.describe()}', but after the pre-wrap hooks {len(found)} parameter(s) disagree: "
         f"{shown}{more}.{cause}{hint}"
     )
 

@@ -28,7 +28,6 @@ from bridge_freeze_plugin.prewrap.freeze import claim_report, count_parts, freez
 from bridge_freeze_plugin.prewrap.lora import after_peft, find_peft
 from bridge_freeze_plugin.prewrap.model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.report import FreezeReport, log_report
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS
 
 Hook = Callable[[list[Any]], Any]
 
@@ -50,10 +49,10 @@ def _is_own_hook(hook: Any, provider: Any) -> bool:
 
 
 def check_parts_present(report: FreezeReport, context: BuildContext) -> None:
-    """While a flag is set, each of the three parts must have parameters in the whole model."""
+    """While a flag is set, each of the family's parts must have parameters in the whole model."""
     if not context.selection.any_set or context.family is None:
         return
-    empty = [p for p in SELECTABLE_PARTS if not report.part(p).total_tensors]
+    empty = [p for p in context.family.part_names() if not report.part(p).total_tensors]
     if empty:
         family = context.family
         tables = "; ".join(f"{p.value}: {', '.join(family.prefixes(p))}" for p in empty)

@@ -121,7 +121,7 @@ def _overlap_message(overlaps: list[str], context: BuildContext, peft: Any, hook
     shown = "; ".join(overlaps[:_SHOWN])
     more = f"; and {len(overlaps) - _SHOWN} more" if len(overlaps) > _SHOWN else ""
     targets = getattr(peft, "target_modules", None)
-    trained = context.selection.describe().removeprefix("train ")
+    trained = context.describe().removeprefix("train ")
     return (
         f"{context.asked} with LoRA ({type(peft).__name__}, target_modules={targets}, hook {hook_label}) asks for "
         f"{trained} at full rank next to the adapters, but LoRA put adapters on {len(overlaps)} of those full-rank "

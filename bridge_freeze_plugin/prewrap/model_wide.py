@@ -75,14 +75,15 @@ def model_wide_report(model: Any, local: FreezeReport, classifier: Classifier) -
         logger.debug("bridge-freeze: no Megatron model-parallel state; the report covers this rank only")
         return local
     selection = local.selection
-    patterns = PatternTally(selection.patterns, selection.frozen_parts()) if selection.patterns else None
+    patterns = (PatternTally(selection.patterns, selection.frozen_parts(), local.part_names)
+                if selection.patterns else None)
     vector = _local_tally(model, classifier, parallel_state, patterns).as_vector()
     counts = torch.tensor(vector + (patterns.as_vector() if patterns else []), dtype=torch.int64,
                           device=collective_device())  # NCCL takes CUDA tensors only
     dist.all_reduce(counts)  # world group: the owners above make each parameter count once
     counts = counts.cpu()
     values = counts.tolist()
-    report = dataclasses.replace(local, parts=PartTally.from_vector(values[: len(vector)]).parts())
+    report = dataclasses.replace(local, parts=PartTally.from_vector(values[: len(vector)]).parts(local.part_names))
     if patterns is None:
         return report
     summary = patterns.load_vector(values[len(vector) :]).summary()

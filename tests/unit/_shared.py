@@ -12,6 +12,8 @@ from bridge_freeze_plugin import FreezeSelection
 #: Qwen3-VL's vision projection: the merger and the DeepStack mergers (read from Bridge's module tree).
 QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
+#: The flags of a vision-language model (written here, not read from the vocabulary).
+VLM_FLAGS = ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
 
 
 def _chunks(model):

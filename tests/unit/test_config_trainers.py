@@ -19,6 +19,7 @@ import megatron  # a namespace package: where Bridge's installed source is (noth
 import pytest
 import yaml
 
+import bridge_freeze_plugin as bfp
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError
 from bridge_freeze_plugin.cli import main
 from bridge_freeze_plugin.validation import load_run
@@ -60,16 +61,19 @@ def declared_freeze_fields() -> dict[str, set[str]]:
 
 # ---- issue 28 item 3: Bridge's own freeze fields, and the trainers' router freeze -----------------------------
 
-#: Bridge 0.6.2's own provider fields beyond the three flags, as issue 28 lists them (+ MTP, MIMO).
-BRIDGE_OWN = ("freeze_audio_model", "freeze_audio_projection", "freeze_sound_encoder", "freeze_sound_projection",
-              "freeze_mtp_model", "freeze_modality_encoders", "freeze_modality_projections")
+#: Bridge 0.6.2's own provider fields that freeze modules outside every part (MTP, MIMO's modality parts).
+BRIDGE_OWN = ("freeze_mtp_model", "freeze_modality_encoders", "freeze_modality_projections")
+#: Bridge's provider fields that ARE the flags: the vision-language three and the audio two, and Bridge's other
+#: names of the audio ones (Nemotron Omni's sound encoder / projection), written here from Bridge's source.
+FLAG_FIELDS = ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection", "freeze_audio_model",
+               "freeze_audio_projection")
+ALIAS_FIELDS = {"freeze_sound_encoder": "freeze_audio_model", "freeze_sound_projection": "freeze_audio_projection"}
 
 
 def test_bridges_own_fields_are_fields_of_its_providers_and_the_flags_are_too():
     """The names the Bridge layout accepts are real provider fields (Bridge's source, not the plugin's table)."""
     declared = declared_freeze_fields()
-    assert set(BRIDGE_OWN) | {"freeze_language_model", "freeze_vision_model", "freeze_vision_projection"} == set(
-        declared)
+    assert set(BRIDGE_OWN) | set(FLAG_FIELDS) | set(ALIAS_FIELDS) == set(declared)
     assert "Qwen2AudioModelProvider" in declared["freeze_audio_projection"]
     assert declared["freeze_sound_encoder"] == {"NemotronOmniModelProvider"}
 
@@ -86,7 +90,30 @@ def test_bridges_own_freeze_field_is_accepted_and_said_never_a_misspelling(capsy
     code, out, _ = check(capsys, BRIDGE_FILE, f"model.{field}=True")
     assert code == 0 and "did you mean" not in out
     assert f"Bridge's own: model.{field}=true" in out and "applied by Bridge, not by the plugin" in out
-    assert "audio / sound parts are a later issue" in out
+
+
+@pytest.mark.parametrize(("alias", "flag"), sorted(ALIAS_FIELDS.items()))
+def test_bridges_name_of_an_audio_flag_is_read_as_that_flag(alias, flag):
+    """freeze_sound_encoder is Nemotron Omni's field for the audio encoder: the plugin's freeze_audio_model."""
+    selection = load_run(BRIDGE_FILE, [f"model.{alias}=true"], family="nemotron_omni").validate()
+    assert selection == FreezeSelection(**{flag: True})
+    assert load_run(BRIDGE_FILE, [f"model.{alias}=true", f"model.{flag}=true"],
+                    family="nemotron_omni").validate() == FreezeSelection(**{flag: True})
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(BRIDGE_FILE, [f"model.{alias}=true", f"model.{flag}=false"], family="nemotron_omni").validate()
+    assert f"model.{alias}=true and model.{flag}=false disagree" in str(err.value)
+
+
+@pytest.mark.parametrize(("path", "section"), [(SFT_FILE, "megatron_config"), (RL_FILE, POLICY)])
+def test_an_audio_flag_is_a_flag_in_every_trainers_section_and_refused_on_a_model_without_audio(path, section):
+    """The audio flags live where the other flags live; a VLM without an audio side refuses one set true."""
+    extra = ["trainer.strategy=megatron"] if path == RL_FILE else []
+    with pytest.raises(bfp.PartNotInFamilyError) as err:
+        load_run(path, [f"{section}.freeze_audio_model=true", *extra], family="qwen3_vl").validate()
+    message = str(err.value)
+    assert f"{section}.freeze_audio_model=true" in message and "qwen3_vl" in message and "no audio encoder" in message
+    assert load_run(path, [f"{section}.freeze_audio_model=false", *extra],
+                    family="qwen3_vl").validate() == FreezeSelection()
 
 
 @pytest.mark.parametrize(("field", "instead"), [
@@ -105,10 +132,10 @@ def test_a_name_that_is_no_bridge_field_is_refused_with_what_bridge_has(field, i
 def test_a_bridge_field_in_a_trainers_section_is_refused_as_what_it_is(path, section):
     """Not "did you mean freeze_vision_model" (that advice freezes the wrong part)."""
     with pytest.raises(InvalidFreezeConfigError) as err:
-        load_run(path, [f"{section}.freeze_audio_model=true"]).validate()
+        load_run(path, [f"{section}.freeze_mtp_model=true"]).validate()
     message = str(err.value)
-    assert f"{section}.freeze_audio_model is Bridge's own provider field (the audio encoder" in message
-    assert "model.freeze_audio_model" in message and "did you mean" not in message
+    assert f"{section}.freeze_mtp_model is Bridge's own provider field (the multi-token-prediction layers" in message
+    assert "model.freeze_mtp_model" in message and "did you mean" not in message
 
 
 @pytest.mark.parametrize(("path", "section", "extra"), [
@@ -454,7 +481,8 @@ def test_overrides_are_taken_and_refused_as_nemo_rl_takes_them(entry):
     result = entry["result"]
     expected = {"freeze_language_model": bool((result.get("model_overrides") or {}).get("freeze_language_model")),
                 "freeze_vision_model": bool(result.get("freeze_vision_model")),
-                "freeze_vision_projection": bool(result.get("freeze_vision_projection"))}
+                "freeze_vision_projection": bool(result.get("freeze_vision_projection")),
+                "freeze_audio_model": False, "freeze_audio_projection": False}
     assert run.settings.selection.as_dict() == expected
     assert run.settings.lora.rank == (result["peft"]["dim"] if result["peft"]["enabled"] else 0)
     assert [own.value for own in run.settings.own_freeze if own.name == "freeze_moe_router"] == [

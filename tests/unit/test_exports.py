@@ -13,6 +13,7 @@ import inspect
 
 import pytest
 import yaml
+from _shared import VLM_FLAGS
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
@@ -106,7 +107,7 @@ def test_a_train_pattern_is_a_full_rank_choice_for_the_model_guard(cpu_bridge):
     ],
 )
 def test_a_train_pattern_is_a_full_rank_choice_for_the_checkpoint_guard(tmp_path, flags, patterns, expected):
-    model = {**dict(zip(bfp.FLAGS, flags, strict=True)), "train_patterns": patterns}
+    model = {**dict(zip(VLM_FLAGS, flags, strict=True)), "train_patterns": patterns}
     (tmp_path / "run_config.yaml").write_text(yaml.safe_dump({"model": model, "peft": {"dim": 4}}))
     assert full_rank_parts_of_checkpoint(tmp_path) == expected
     (tmp_path / "run_config.yaml").write_text(yaml.safe_dump({"model": model, "peft": None}))

@@ -12,6 +12,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from _shared import VLM_FLAGS
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
@@ -301,6 +302,6 @@ def test_adapter_exports_of_adapter_only_runs_are_left_to_bridge(cpu_bridge, tmp
     cases = [((True, True, True), {"dim": 4}, []), ((False, False, False), {"dim": 4}, []),
              ((True, False, True), None, []), ((True, False, True), {"dim": 4}, ["vision_model"])]
     for flags, peft, expected in cases:
-        model = dict(zip(bfp.FLAGS, flags, strict=True))
+        model = dict(zip(VLM_FLAGS, flags, strict=True))
         (tmp_path / "run_config.yaml").write_text(yaml.safe_dump({"model": model, "peft": peft}))
         assert full_rank_parts_of_checkpoint(tmp_path) == expected

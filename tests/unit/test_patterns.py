@@ -65,7 +65,8 @@ def trainable(params) -> set[str]:
 def test_selection_keeps_the_three_positional_flags_and_compiles_patterns():
     sel = FreezeSelection(True, False, True, train_patterns="language_model.decoder.layers.1")
     assert sel.as_dict() == {"freeze_language_model": True, "freeze_vision_model": False,
-                             "freeze_vision_projection": True}
+                             "freeze_vision_projection": True, "freeze_audio_model": False,
+                             "freeze_audio_projection": False}
     assert sel.train_patterns == ("language_model.decoder.layers.1",) and sel.freeze_patterns == ()
     assert sel.provider_attributes() == {**sel.as_dict(), "train_patterns": ["language_model.decoder.layers.1"],
                                          "freeze_patterns": []}

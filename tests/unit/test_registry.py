@@ -72,7 +72,10 @@ def test_unregister_frees_name_and_provider():
     [
         ({"providers": ()}, "names no provider class"),
         ({"providers": ("no_colon.Class",)}, "package.module:ClassName"),
-        ({"vision_projection": []}, "no module prefix for vision_projection"),
+        ({"language_model": []}, "no module prefix for language_model"),
+        ({"vision_model": [], "vision_projection": []}, "no module prefix for any part besides the language model"),
+        ({"parts": {"sound_model": ["x"]}}, "parts names 'sound_model', which is not a part"),
+        ({"parts": {"vision_model": ["x"]}}, "vision_model is given both as a keyword and in parts="),
         ({"language_model": "lm"}, "must be a list of strings"),
         ({"vision_model": ["vis."]}, "bad prefix"),
         ({"vision_model": ["lm"]}, "listed under both language_model and vision_model"),

@@ -40,4 +40,5 @@ def test_from_object_and_mapping():
     assert FreezeSelection.from_mapping({"freeze_vision_projection": True, "x": 1}) == FreezeSelection(
         freeze_vision_projection=True
     )
-    assert FLAGS == ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
+    assert FLAGS == ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection",
+                     "freeze_audio_model", "freeze_audio_projection")

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _shared import VLM_FLAGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
-from bridge_freeze_plugin import FLAGS, FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.errors import BridgeFreezeError, FreezeFlagTypeError
 from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.validation import (
@@ -33,7 +34,7 @@ from bridge_freeze_plugin.validation import (
 )
 
 PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
-ALL_THREE = dict.fromkeys(FLAGS, True)
+ALL_THREE = dict.fromkeys(VLM_FLAGS, True)
 
 # Where each setting lives, per layout; "{...}" placeholders in expected message words use these.
 LAYOUTS: dict[str, dict[str, str]] = {
@@ -189,7 +190,7 @@ REJECTED = [
     # LoRA with a partial selection (LoRA with full-rank parts): SFT only; an RL run refuses it.
     Reject("r4-lora-one-flag-rl", Run(rank=8, flags={"freeze_vision_model": True}), InvalidFreezeConfigError,
            ("in an RL run", "{lora}.rank=8", "{flags}.freeze_vision_model=true", "SFT only", "weight sync",
-            "plain LoRA", "all three"), layouts=("rl",)),
+            "plain LoRA", "every part's flag true"), layouts=("rl",)),
     Reject("r4-lora-projection-only-rl", Run(rank=16, flags=PROJECTION_ONLY), InvalidFreezeConfigError,
            ("in an RL run", "{lora}.rank=16", "vision_projection"), layouts=("rl",)),
     # Rule 5: a flag on a provider no family covers, naming the model.
@@ -253,7 +254,7 @@ ACCEPTED = [
     Accept("no-flag-megatron", Run(), {}),
     Accept("no-flag-fsdp", Run(strategy="fsdp2"), {}),
     Accept("no-flag-language-model-only", Run(lmo=True), {}),
-    Accept("explicit-false-on-fsdp", Run(strategy="fsdp", flags=dict.fromkeys(FLAGS, False)), {}),
+    Accept("explicit-false-on-fsdp", Run(strategy="fsdp", flags=dict.fromkeys(VLM_FLAGS, False)), {}),
     Accept("projection-only", Run(flags=PROJECTION_ONLY), PROJECTION_ONLY),
     Accept("lm-and-projection", Run(flags={"freeze_vision_model": True}), {"freeze_vision_model": True}),
     Accept("plain-lora", Run(rank=8), {}),
@@ -287,7 +288,7 @@ ACCEPTED = [
     Accept("unsupported-provider-no-flag", Run(provider=DummyVLMProvider()), {}),
     Accept("other-megatron-keys", Run(extra={"tensor_model_parallel_size": 2, "freeze_moe_router": True},
                                       flags=PROJECTION_ONLY), PROJECTION_ONLY, layouts=CONFIG_LAYOUTS),
-    Accept("ref-flags-false", Run(flags=PROJECTION_ONLY, ref=dict.fromkeys(FLAGS, False)), PROJECTION_ONLY,
+    Accept("ref-flags-false", Run(flags=PROJECTION_ONLY, ref=dict.fromkeys(VLM_FLAGS, False)), PROJECTION_ONLY,
            layouts=("rl",)),
     Accept("bad-lora-rank-no-flag", Run(rank="eight"), {}, layouts=CONFIG_LAYOUTS),
 ]
@@ -388,7 +389,7 @@ def test_all_problems_reported_together():
     cfg = load_config(None, [
         "trainer.strategy=fsdp2",
         "trainer.policy.language_model_only=true",
-        *(f"trainer.policy.megatron_config.{f}=true" for f in FLAGS),
+        *(f"trainer.policy.megatron_config.{f}=true" for f in VLM_FLAGS),
         "trainer.ref.megatron_config.freeze_vision_model=true",
     ])
     with pytest.raises(InvalidFreezeConfigError) as info:
