@@ -95,7 +95,11 @@ def thinker_config() -> Any:
         num_hidden_layers=TINY_LM["num_layers"],
         num_attention_heads=TINY_LM["num_attention_heads"],
         num_key_value_heads=TINY_LM["num_query_groups"],
+        max_position_embeddings=TINY_LM["seq_length"],
+        tie_word_embeddings=False,
     )
+    # Bridge's HF bridge reads the M-RoPE split from rope_scaling (kv_channels 16 -> 8 frequencies over t, h, w).
+    text.rope_scaling = {"rope_type": "default", "mrope_section": [2, 3, 3]}
     return Qwen2_5OmniThinkerConfig(
         audio_config=audio_config(),
         vision_config=vision_config(),
@@ -106,6 +110,13 @@ def thinker_config() -> Any:
         audio_start_token_id=TOKEN_IDS["audio_start_token_id"],
         audio_end_token_id=TOKEN_IDS["audio_end_token_id"],
     )
+
+
+def hf_config() -> Any:
+    """The tiny HF ``Qwen2_5OmniConfig`` of a checkpoint: this thinker, no audio output (talker, token2wav unbuilt)."""
+    from transformers import Qwen2_5OmniConfig
+
+    return Qwen2_5OmniConfig(thinker_config=thinker_config().to_dict(), enable_audio_output=False)
 
 
 def make_provider(**overrides: Any) -> Any:
@@ -148,7 +159,7 @@ def omni_rows(
     ids = spec.all_ids()
     low, high = text_range(spec, int(provider.vocab_size))
     t, h, w = spec.image_grid_thw
-    merge = int(provider.spatial_merge_size)
+    merge = int(provider.thinker_config.vision_config.spatial_merge_size)
     image_tokens = t * h * w // (merge * merge)
 
     def row() -> torch.Tensor:
@@ -177,10 +188,15 @@ def omni_rows(
 
 
 def add_image(batch: dict[str, Any], provider: Any, spec: TrainSpec, gen: torch.Generator) -> None:
-    """Flattened patches ``[b * t*h*w, C * Tp * P * P]`` and ``image_grid_thw`` (Qwen vision input)."""
+    """Flattened patches ``[b * t*h*w, C * Tp * P * P]`` and ``image_grid_thw`` (Qwen vision input).
+
+    The geometry is the HF vision config's (what the encoder reads): a provider converted from a checkpoint keeps
+    Bridge's default ``patch_size`` field (Qwen2.5-Omni's bridge does not copy it from the vision config).
+    """
     batch_size = batch["input_ids"].shape[0]
     t, h, w = spec.image_grid_thw
-    patch_dim = 3 * int(provider.temporal_patch_size) * int(provider.patch_size) ** 2
+    vision = provider.thinker_config.vision_config
+    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
     batch["pixel_values"] = torch.randn(batch_size * t * h * w, patch_dim, generator=gen, dtype=provider.params_dtype)
     batch["image_grid_thw"] = torch.tensor([spec.image_grid_thw] * batch_size, dtype=torch.long)
 

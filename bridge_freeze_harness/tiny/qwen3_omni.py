@@ -91,6 +91,9 @@ def thinker_config() -> Any:
         moe_intermediate_size=TINY_MOE["moe_ffn_hidden_size"],
         num_experts=TINY_MOE["num_moe_experts"],
         num_experts_per_tok=TINY_MOE["moe_router_topk"],
+        max_position_embeddings=TINY_LM["seq_length"],
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
     )
     return Qwen3OmniMoeThinkerConfig(
         audio_config=audio_config(),
@@ -101,6 +104,13 @@ def thinker_config() -> Any:
         video_token_id=TOKEN_IDS["video_token_id"],
         audio_start_token_id=TOKEN_IDS["audio_start_token_id"],
     )
+
+
+def hf_config() -> Any:
+    """The tiny HF ``Qwen3OmniMoeConfig`` of a checkpoint: this thinker, no audio output (talker, code2wav unbuilt)."""
+    from transformers import Qwen3OmniMoeConfig
+
+    return Qwen3OmniMoeConfig(thinker_config=thinker_config().to_dict(), enable_audio_output=False)
 
 
 def make_provider(**overrides: Any) -> Any:
