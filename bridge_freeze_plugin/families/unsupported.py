@@ -17,13 +17,6 @@ _QWEN_OMNI = (
 UNSUPPORTED_PROVIDERS: dict[str, str] = {
     "megatron.bridge.models.qwen_omni.qwen25_omni_provider:Qwen25OmniModelProvider": _QWEN_OMNI,
     "megatron.bridge.models.qwen_omni.qwen3_omni_provider:Qwen3OmniModelProvider": _QWEN_OMNI,
-    "megatron.bridge.models.qwen_audio.qwen2_audio_provider:Qwen2AudioModelProvider": (
-        "an audio-language model: it has no vision encoder or projection for the flags to choose (its own "
-        "freeze_language_model and freeze_audio_* are applied by Bridge)"
-    ),
-    "megatron.bridge.models.qwen3_asr.qwen3_asr_provider:Qwen3ASRModelProvider": (
-        "a speech-recognition model: no vision encoder or projection for the flags to choose"
-    ),
     "megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronVLModelProvider": (
         "an abstract base whose own provide() builds the text model only; use NemotronOmniModelProvider"
     ),
