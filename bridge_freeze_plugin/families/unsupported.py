@@ -8,15 +8,8 @@ checked by a test against every provider class Bridge ships: a new Bridge provid
 flags fails that test until it gets a family or a line here.
 """
 
-_QWEN_OMNI = (
-    "a thinker-talker model (thinker.{model,visual,audio_tower}, no vision-projection flag) whose module "
-    "layout has no family table yet"
-)
-
 #: "package.module:Class" -> why the plugin cannot honour the three flags on it.
 UNSUPPORTED_PROVIDERS: dict[str, str] = {
-    "megatron.bridge.models.qwen_omni.qwen25_omni_provider:Qwen25OmniModelProvider": _QWEN_OMNI,
-    "megatron.bridge.models.qwen_omni.qwen3_omni_provider:Qwen3OmniModelProvider": _QWEN_OMNI,
     "megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronVLModelProvider": (
         "an abstract base whose own provide() builds the text model only; use NemotronOmniModelProvider"
     ),
