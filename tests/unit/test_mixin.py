@@ -176,7 +176,8 @@ def test_report_counts_and_format(cpu_bridge):
     text = report.format()
     assert "vision_projection" in text and "total" in text and "100.0%" in text
     assert len(text.splitlines()) == 6  # header, column titles, 3 parts, total: no per-parameter lines
-    assert report.as_dict()["selection"] == PROJECTION_ONLY.as_dict()
+    assert report.as_dict()["selection"] == {  # the family's flags only (no audio side: no audio flag)
+        "freeze_language_model": True, "freeze_vision_model": True, "freeze_vision_projection": False}
 
 
 def test_chunk_list_and_a_chunk_without_vision_encoder(cpu_bridge):
