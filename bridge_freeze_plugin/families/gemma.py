@@ -16,7 +16,10 @@ FAMILIES = [
     ),
     FamilySpec(
         name="gemma4_vl",
-        description="Gemma4-VL (`vision_tower`, projection `embed_vision`; audio parts untouched by any flag)",
+        description=(
+            "Gemma4-VL (`vision_tower`, projection `embed_vision`; audio encoder `audio_tower`, its projection "
+            "`embed_audio`)"
+        ),
         providers=(
             f"{_PKG}.gemma4_vl_provider:Gemma4VLModelProvider",
             f"{_PKG}.gemma4_vl_provider:Gemma4DenseVLProvider",
@@ -24,7 +27,7 @@ FAMILIES = [
         language_model=("language_model",),
         vision_model=("vision_tower",),
         vision_projection=("embed_vision",),
+        parts={"audio_model": ("audio_tower",), "audio_projection": ("embed_audio",)},
         hf_model_types=("gemma4",),
-        other=("audio_tower", "embed_audio"),
     ),
 ]

@@ -19,12 +19,13 @@ FAMILIES = [
     FamilySpec(
         name="nemotron_omni",
         description=(
-            "Nemotron Omni (Nemotron-VL's LLaVA layout plus a sound encoder and projection, which no flag "
-            "touches: Bridge's own freeze_sound_encoder / freeze_sound_projection decide them)"
+            "Nemotron Omni (Nemotron-VL's LLaVA layout plus the sound encoder `llava_model.sound_model` and its "
+            "projection `llava_model.sound_projection`; Bridge's freeze_sound_encoder / freeze_sound_projection "
+            "are read as freeze_audio_model / freeze_audio_projection)"
         ),
         providers=("megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronOmniModelProvider",),
         hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3",),
-        other=("llava_model.sound_model", "llava_model.sound_projection"),
+        parts={"audio_model": ("llava_model.sound_model",), "audio_projection": ("llava_model.sound_projection",)},
         **_LLAVA,
     ),
 ]
