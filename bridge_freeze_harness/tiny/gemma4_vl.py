@@ -169,7 +169,7 @@ def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Gene
     return batch
 
 
-#: Image AND audio in every row, so the audio tower and ``embed_audio`` (no flag's part) train too.
+#: Image AND audio in every row, so the audio parts (``audio_tower``, ``embed_audio``) get gradients too.
 TRAIN_SPECS = {
     "gemma4_vl": TrainSpec(
         token_ids={"bos_token_id": 2, "eos_token_id": 1, **TOKEN_IDS},
