@@ -77,6 +77,8 @@ Part.__module__ = __name__
 
 #: part -> its vocabulary entry.
 INFO: dict[Part, PartInfo] = {Part(info.name): info for info in VOCABULARY}
+#: part name -> part (a learning-rate key or a config names a part by name).
+BY_NAME: dict[str, Part] = {part.value: part for part in INFO}
 #: The parts a flag selects, in vocabulary order.
 SELECTABLE_PARTS: tuple[Part, ...] = tuple(INFO)
 #: Parts every family has.

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
@@ -178,8 +178,9 @@ def register_family(
     *,
     providers: Iterable[str],
     language_model: Iterable[str],
-    vision_model: Iterable[str],
-    vision_projection: Iterable[str],
+    vision_model: Iterable[str] = (),
+    vision_projection: Iterable[str] = (),
+    parts: Mapping[str, Iterable[str]] | None = None,
     other: Iterable[str] = (),
     description: str = "",
     hf_model_types: Iterable[str] = (),
@@ -189,7 +190,8 @@ def register_family(
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
-    """Register one VLM family in one call.
+    """Register one model family in one call: the module prefixes of each of its parts (keywords for the
+    vision-language parts, ``parts={"audio_model": [...], ...}`` for any part of the vocabulary).
 
     Refuses a duplicate name, a provider class or HF model type another family already claims, and a string where
     a list is expected (``language_model="language_model"``): every argument is checked by :class:`FamilySpec`.
@@ -200,6 +202,7 @@ def register_family(
         language_model=language_model,  # type: ignore[arg-type]
         vision_model=vision_model,  # type: ignore[arg-type]
         vision_projection=vision_projection,  # type: ignore[arg-type]
+        parts=parts or {},
         other=other,  # type: ignore[arg-type]
         description=description,
         hf_model_types=hf_model_types,  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from typing import Any
 from bridge_freeze_plugin.config.family import import_target, importable_target
 from bridge_freeze_plugin.config.reading import LoraSettings, RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.parts import FLAG_PARTS, INFO, label
+from bridge_freeze_plugin.parts import BY_NAME, FLAG_PARTS, INFO, label
 from bridge_freeze_plugin.provider import resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
@@ -185,6 +185,13 @@ def supported_provider(s: RunSettings) -> FamilySpec | None:
             f"{keys}: the {family.name} model has no {what} (its parts: {family.describe_parts()}), so the flag "
             f"cannot freeze anything. Remove {', '.join(s.key_of(f) for f in missing)} (or set it to false)."
         )
+    absent = [] if family is None or s.learning_rates is None else [
+        name for name in s.learning_rates.names() if name in BY_NAME and not family.has_part(BY_NAME[name])]
+    if absent:
+        keys = ", ".join(f"{s.learning_rates_key}.lr_{name}" for name in absent)
+        raise PartNotInFamilyError(
+            f"{keys}: the {family.name} model has no {' and '.join(label(BY_NAME[n]) for n in absent)} (its "
+            f"parts: {family.describe_parts()}), so the learning rate would never apply. Remove {keys}.")
     return family
 
 

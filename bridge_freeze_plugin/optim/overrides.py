@@ -157,6 +157,22 @@ def _untrained(model: Any) -> set[str]:
     return out
 
 
+def _refuse_absent_parts(model: Any, rates: PartLearningRates) -> None:
+    """An LR for a part the model's family does not have (``lr_audio_model`` on a VLM) would never apply."""
+    from bridge_freeze_plugin.registry import get_family
+
+    families = {state.family: get_family(state.family) for state in _states(model)}
+    has = {part.value for family in families.values() for part in family.part_names()}
+    absent = [name for name in rates.names() if name != ADAPTERS and name not in has]
+    if absent and families:
+        names = ", ".join(families)
+        raise PartLearningRateError(
+            f"{', '.join(f'lr_{n}' for n in absent)} set on a {names} model, which has no "
+            f"{' and '.join(n for n in absent)} (its parts: "
+            f"{'; '.join(f.describe_parts() for f in families.values())}): the learning rate would never apply; "
+            f"remove {', '.join(f'lr_{n}' for n in absent)}")
+
+
 def check_model(model: Any, rates: PartLearningRates) -> frozenset[int]:
     """The model was classified by the freeze; no LR is asked for a part that does not train. Returns the adapters.
 
@@ -176,6 +192,7 @@ def check_model(model: Any, rates: PartLearningRates) -> frozenset[int]:
     patterns = sorted({p for selection in selections for p in selection.train_patterns})
     untrained = _untrained(model)
     trained = {p for p in (getattr(q, PART_ATTR, None) for q in params if q.requires_grad) if p is not None}
+    _refuse_absent_parts(model, rates)
     for part in rates.names():
         local = [q for q in params if getattr(q, PART_ATTR, None) == part]
         if (local and part not in trained) or (not local and part in untrained):
