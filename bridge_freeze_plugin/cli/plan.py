@@ -34,6 +34,7 @@ from bridge_freeze_plugin.cli.training_options import (
 )
 from bridge_freeze_plugin.errors import CommandError
 from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
+from bridge_freeze_plugin.planning.sync_bytes import describe as sync_line
 
 _EPILOG = (
     "examples:\n"
@@ -251,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
         out(json.dumps(document, indent=2, sort_keys=True))
     else:
         _print_table(result)
+        out(sync_line(result.sync, result.sync_unavailable))
         _print_ranks(result, args.gpu_memory)
     return EXIT_OK
 

@@ -206,6 +206,9 @@ class Plan:
     activation: dict[str, Any] | None = None
     per_rank: tuple[Any, ...] = ()
     per_rank_seconds: float = 0.0
+    #: the bytes one RL weight sync sends (:class:`.sync_bytes.SyncBytes`), or None and why not
+    sync: Any = None
+    sync_unavailable: str | None = None
 
     @property
     def part_names(self) -> tuple[Part, ...]:
@@ -237,6 +240,9 @@ class Plan:
             out["layout"] = self.layout.as_dict()
             out["activation"] = self.activation
             out["per_rank"] = [r.as_dict() for r in self.per_rank]
+        out["sync"] = None if self.sync is None else self.sync.as_dict()
+        if self.sync is None and self.sync_unavailable:
+            out["sync_unavailable"] = self.sync_unavailable
         if with_params:
             out["parameters"] = [p.as_dict() for p in self.params]
         return out

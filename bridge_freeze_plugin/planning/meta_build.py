@@ -9,6 +9,7 @@ configuration's). Nothing here prints.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from bridge_freeze_plugin.planning.model_choice import (
     tiny_provider,
 )
 from bridge_freeze_plugin.planning.per_rank import _LM_LAYER, ActivationSettings, plan_ranks
+from bridge_freeze_plugin.planning.sync_bytes import plan_sync
 from bridge_freeze_plugin.provider import model_name_of, provider_label
 from bridge_freeze_plugin.registry import FamilySpec, family_for_provider, list_families
 from bridge_freeze_plugin.selection import FreezeSelection, Part
@@ -227,6 +229,7 @@ def plan_model(
         raise PlanError(f"building {provider_name} on the meta device failed: {error_line(exc)}") from exc
     seconds = time.perf_counter() - started
     params = collect_params(built, chosen.family, base_names)
+    sync = plan_sync(chosen.hf_config[0] if chosen.hf_config else None, built, assumptions.param_dtype)
     started = time.perf_counter()
     if layout.world_size > 1:
         ranks, recompute = _per_rank(chosen, selection, assumptions, layout, activation, lora)
@@ -240,7 +243,7 @@ def plan_model(
         "activation_dtype": assumptions.param_dtype,
         "sequence_parallel": layout.tp > 1,
     }
-    return make_plan(
+    plan = make_plan(
         params,
         family=chosen.family.name,
         provider=provider_name,
@@ -255,6 +258,7 @@ def plan_model(
         per_rank=ranks,
         per_rank_seconds=time.perf_counter() - started,
     )
+    return dataclasses.replace(plan, sync=sync[0], sync_unavailable=sync[1])
 
 
 def _provider_factory(chosen: _Chosen) -> Callable[[], Any]:

@@ -1,0 +1,361 @@
+"""What one RL weight sync sends, from the plan's meta build: Bridge's HF export, full and trainable-only, in bytes.
+
+An RL trainer pushes the policy to its inference engine with ``AutoBridge.export_hf_weights(model)`` (every HF
+tensor) or with :func:`bridge_freeze_plugin.export_trainable_hf_weights` (the HF tensors that can have changed;
+``docs/rl-weight-sync.md``). :func:`sync_bytes` sizes both streams on the model ``bridge-freeze plan`` built on
+the meta device, with Bridge's own export: nothing of Bridge's conversion is re-implemented and no tensor holds
+data.
+
+1. Bridge's conversion tasks for the meta model, built as its export builds them (``build_conversion_tasks``),
+   with the sync's dtype recorded on each task (``weight_dtype``).
+2. :func:`bridge_freeze_plugin.sync.trainable_conversion_tasks` keeps the tasks whose HF tensors can change:
+   parameters with ``requires_grad``, LoRA-wrapped bases whose adapters train (merged by the export), a MoE
+   router's expert bias that megatron-core updates, each with every task it shares an HF tensor with.
+3. Bridge's ``export_hf_weights`` runs twice on the meta model: once over the kept tasks, once over the others
+   (the two are unions of whole groups of linked tasks, so together they are exactly the full export). Each
+   yields meta tensors of the exported HF shapes and dtype; their ``numel * element_size`` add up to the bytes.
+
+The dtype: Bridge's export yields each HF tensor in the dtype the trainer holds its Megatron tensor in (bf16
+weights under bf16 mixed precision) unless ``weight_dtype=`` casts every floating-point tensor to one dtype. The
+plan counts every floating-point HF tensor in the plan's weight dtype (``--param-dtype``, bf16 by default): what
+``export_hf_weights(model, weight_dtype=<that dtype>)`` sends, and what the default export of a model trained
+in that dtype sends, up to megatron-core's router expert bias, which it keeps in fp32 (4 bytes per expert per
+MoE layer, in families that have one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TINY_UNAVAILABLE", "SyncBytes", "bridge_for_plan", "describe", "plan_sync", "sync_bytes", "torch_dtype"]
+
+#: The plan's dtype names (``--param-dtype``) -> torch dtype attribute names.
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class SyncBytes:
+    """The bytes and HF tensors one weight sync sends: Bridge's full export, and its trainable-only part."""
+
+    #: the export dtype (torch's name: ``bfloat16``, ``float16``, ``float32``)
+    dtype: str
+    full_bytes: int
+    trainable_bytes: int
+    tensors: int
+    trainable_tensors: int
+    #: wall time of the sizing (in the text line; not in the JSON document)
+    seconds: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """``trainable_bytes / full_bytes`` (0.0 for an export with no bytes)."""
+        return self.trainable_bytes / self.full_bytes if self.full_bytes else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "full_bytes": self.full_bytes,
+            "trainable_bytes": self.trainable_bytes,
+            "ratio": self.ratio,
+            "tensors": self.tensors,
+            "trainable_tensors": self.trainable_tensors,
+        }
+
+    def describe(self) -> str:
+        """One line: the two streams' bytes and tensors."""
+        return (
+            f"one RL weight sync ({self.dtype}): full {_si_bytes(self.full_bytes)} in {self.tensors:,} HF tensors "
+            f"(export_hf_weights), trainable {_si_bytes(self.trainable_bytes)} in {self.trainable_tensors:,} "
+            f"(export_trainable_hf_weights, {_percent(self.ratio)} of full); sized in {self.seconds:.1f} s"
+        )
+
+
+def describe(sync: SyncBytes | None, unavailable: str | None) -> str:
+    """The plan's text line about the weight sync: the figures, or why there are none."""
+    if sync is not None:
+        return sync.describe()
+    return f"one RL weight sync: not sized ({unavailable})"
+
+
+def _percent(ratio: float) -> str:
+    return f"{100.0 * ratio:.2f}%" if ratio >= 0.0001 or ratio == 0.0 else f"{100.0 * ratio:.2g}%"
+
+
+def _si_bytes(n: int) -> str:
+    """``471.3 GB (439.0 GiB)``: decimal units, as transfer sizes are quoted, and the table's binary ones."""
+    if n < 1000:
+        return f"{n} B"
+    return f"{_scaled(n, 1000, ('kB', 'MB', 'GB', 'TB'))} ({_scaled(n, 1024, ('KiB', 'MiB', 'GiB', 'TiB'))})"
+
+
+def _scaled(n: int, base: int, units: tuple[str, ...]) -> str:
+    value = n / base
+    for unit in units[:-1]:
+        if value < base:
+            return f"{value:.1f} {unit}"
+        value /= base
+    return f"{value:.1f} {units[-1]}"
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a plan dtype name (``bf16`` / ``fp16`` / ``fp32``) or of a torch name (``bfloat16``)."""
+    import torch
+
+    attr = _TORCH_DTYPES.get(name, name)
+    dtype = getattr(torch, attr, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise PlanError(f"the weight-sync dtype must be one of {', '.join(_TORCH_DTYPES)}, got {name!r}")
+    return dtype
+
+
+def bridge_for_plan(hf_config: Any) -> Any:
+    """The ``AutoBridge`` that exports a model converted from ``hf_config``, as if from its checkpoint.
+
+    Bridge's export depends on the checkpoint it was loaded from, not only on the config: it leaves out mappings
+    whose HF tensors the checkpoint lacks, writes routed experts fused or one tensor per expert as the checkpoint
+    stores them, and writes a tied output layer only if the checkpoint has one. The bridge made here sees the
+    tensor listing (names and shapes, on the meta device: no data) that transformers' own model class for the
+    config writes with ``save_pretrained`` (its state dict, tied aliases dropped, its save-time renaming and
+    re-fusing applied), which is the layout of a checkpoint written by the installed transformers. A config
+    whose model class transformers does not have (remote code) gets Bridge's config-only bridge
+    (``AutoBridge.from_hf_config``): every mapping, experts one tensor each.
+    """
+    from megatron.bridge import AutoBridge
+
+    listing = _checkpoint_listing(hf_config)
+    if listing is None:
+        return AutoBridge.from_hf_config(hf_config)
+    from megatron.bridge.models.hf_pretrained.causal_lm import PreTrainedCausalLM
+    from megatron.bridge.models.hf_pretrained.state import StateDict
+
+    pretrained = PreTrainedCausalLM()
+    pretrained.config = hf_config
+    pretrained._state_dict_accessor = StateDict(_listing_source(listing))
+    return AutoBridge(pretrained)
+
+
+def _checkpoint_listing(hf_config: Any) -> dict[str, Any] | None:
+    """``name -> meta tensor`` of what ``save_pretrained`` of transformers' model class for ``hf_config`` writes;
+    ``None`` when transformers has no such class (or cannot build it on the meta device)."""
+    import copy
+
+    import torch
+    import transformers
+
+    architectures = getattr(hf_config, "architectures", None) or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        return None
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+        with torch.device("meta"):
+            model = model_class(copy.deepcopy(hf_config))
+        state = model.state_dict()
+        # transformers finds tied aliases through the parameters (on the meta device); buffers are never tied.
+        params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        untied = remove_tied_weights_from_state_dict({k: v for k, v in state.items() if k in params}, model)
+        state = {k: v for k, v in state.items() if k in untied or k not in params}
+        return dict(revert_weight_conversion(model, state))
+    except Exception as exc:  # noqa: BLE001 - transformers' own class for this config: any failure means no listing
+        logger.info("no HF tensor listing from transformers' %s (%s): Bridge's config-only export layout",
+                    model_class.__name__, exc)
+        return None
+
+
+def _listing_source(listing: dict[str, Any]) -> Any:
+    """A Bridge ``StateSource`` over a tensor listing (meta tensors), whose key list answers ``in`` from a set
+    (Bridge asks it once per conversion task: about 25,000 times for a 235B model)."""
+    from megatron.bridge.models.hf_pretrained.state import StateSource
+
+    class Keys(list):  # type: ignore[type-arg]
+        def __init__(self, keys: list[str]) -> None:
+            super().__init__(keys)
+            self._set = frozenset(keys)
+
+        def __contains__(self, key: object) -> bool:
+            return key in self._set
+
+    class ListingSource(StateSource):
+        def __init__(self) -> None:
+            self._keys = Keys(sorted(listing))
+
+        def get_all_keys(self) -> list[str]:
+            return self._keys
+
+        def load_tensors(self, keys: list[str]) -> dict[str, Any]:
+            return {key: listing[key] for key in keys if key in listing}
+
+    return ListingSource()
+
+
+#: Why a ``--tiny`` plan has no sync figure.
+TINY_UNAVAILABLE = (
+    "a --tiny plan builds the project's tiny test configuration, which is not converted from an HF config, so "
+    "Bridge has no HF layout to export it to; plan --hf-config PATH sizes the sync"
+)
+
+
+def plan_sync(hf_config: Any | None, model: Any, dtype: str) -> tuple[SyncBytes | None, str | None]:
+    """The sync figures of a plan's meta build, or ``(None, why not)``: ``hf_config`` is the HF config the
+    model was converted from (``None`` for a ``--tiny`` plan). A failure of Bridge's export on the meta device
+    is logged as a warning and returned as the reason; the plan's other figures stand without it."""
+    if hf_config is None:
+        return None, TINY_UNAVAILABLE
+    try:
+        return sync_bytes(bridge_for_plan(hf_config), model, dtype), None
+    except PlanError as exc:
+        logger.warning("%s", exc)
+        return None, str(exc)
+
+
+def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_weights: bool = True) -> SyncBytes:
+    """The bytes of one weight sync of ``model`` (chunks built on the meta device, the selection applied).
+
+    ``bridge``: the ``AutoBridge`` the model converts with (:func:`bridge_for_plan`); ``dtype``: the export
+    dtype (``bf16`` / ``fp16`` / ``fp32``, or torch's names); ``merge_adapter_weights``: as in Bridge's export
+    (with merging off, LoRA bases are exported as loaded and are not counted as trainable).
+    Needs the single-process runtime the plan's build runs in (a world of one rank).
+    """
+    from megatron.bridge.models.conversion.utils import unwrap_model
+
+    from bridge_freeze_plugin.sync import trainable_conversion_tasks
+
+    started = time.perf_counter()
+    weight_dtype = torch_dtype(dtype)
+    chunks = unwrap_model(model if isinstance(model, list) else [model])
+    model_bridge = bridge._model_bridge
+    try:
+        with _pg_collection_once():
+            tasks = [t for t in model_bridge.build_conversion_tasks(bridge.hf_pretrained, chunks,
+                                                                    weight_dtype=weight_dtype) if t is not None]
+            tasks += _sequential_expert_tasks(model_bridge, chunks, tasks, weight_dtype)
+            # Without LoRA adapters, merging changes nothing; saying so spares Bridge three walks of the model.
+            merge = merge_adapter_weights and bool(model_bridge.build_adapter_conversion_tasks(chunks))
+            kept = trainable_conversion_tasks(bridge, chunks, conversion_tasks=tasks, merge_adapter_weights=merge)
+            kept_ids = {id(task) for task in kept}
+            rest = [task for task in tasks if id(task) not in kept_ids]
+            options = {"cpu": False, "show_progress": False, "merge_adapter_weights": merge}
+            trainable_bytes, trainable_tensors = _size(
+                bridge.export_hf_weights(chunks, conversion_tasks=kept, **options))
+            rest_bytes, rest_tensors = _size(bridge.export_hf_weights(chunks, conversion_tasks=rest, **options))
+    except BridgeFreezeError:
+        raise
+    except Exception as exc:  # Bridge's export of this model on the meta device: one readable line
+        from bridge_freeze_plugin.planning.model_choice import error_line
+
+        raise PlanError(
+            f"sizing the weight sync of {type(chunks[0]).__name__} ({_describe(bridge)}) with Megatron-Bridge's "
+            f"export on the meta device failed: {error_line(exc)}; the other plan figures do not depend on it"
+        ) from exc
+    result = SyncBytes(
+        dtype=str(weight_dtype).removeprefix("torch."),
+        full_bytes=trainable_bytes + rest_bytes,
+        trainable_bytes=trainable_bytes,
+        tensors=trainable_tensors + rest_tensors,
+        trainable_tensors=trainable_tensors,
+        seconds=time.perf_counter() - started,
+    )
+    logger.debug("weight sync sized in %.2f s: %s", result.seconds, result.describe())
+    return result
+
+
+#: A routed expert's tensor as megatron-core's ``SequentialMLP`` names it (the CPU meta build's experts).
+_SEQUENTIAL_EXPERT = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.local_experts\.(?P<n>\d+)\."
+                                r"(?P<linear>linear_fc[12])\.(?P<kind>weight|bias)$")
+
+
+def _sequential_expert_tasks(model_bridge: Any, chunks: list[Any], tasks: list[Any], weight_dtype: Any) -> list[Any]:
+    """Conversion tasks for routed experts that Bridge maps only under their grouped-GEMM names.
+
+    The plan's meta build has no TransformerEngine, so megatron-core builds routed experts as ``SequentialMLP``
+    (``experts.local_experts.<n>.linear_fc1.weight``). A GPU build with grouped GEMM holds the same tensors, of
+    the same shapes, as ``TEGroupedMLP`` (``experts.linear_fc1.weight<n>``), and some of Bridge's bridges
+    (GLM-4.5V, Gemma4-VL, MiniMax-M3) map only those names: the export would leave every routed expert out.
+    Each such tensor that no task covers gets a task under its grouped name, with the mapping Bridge's registry
+    gives that name (Bridge reads the expert number from it), so the sizes are those of the export a GPU build
+    makes. Single chunk, single rank (the plan's whole-model build).
+    """
+    if len(chunks) != 1:
+        return []
+    from megatron.bridge.models.conversion.model_bridge import WeightConversionTask
+
+    covered = {task.param_name for task in tasks}
+    registry = None
+    added = []
+    for name, param in chunks[0].named_parameters():
+        found = _SEQUENTIAL_EXPERT.match(name)
+        if found is None or name in covered:
+            continue
+        if registry is None:
+            registry = model_bridge.mapping_registry()
+            language_model = getattr(chunks[0], "language_model", chunks[0])
+            registry.set_process_groups_from_pg_collection(getattr(language_model, "pg_collection", None))
+        grouped = f"{found['experts']}.{found['linear']}.{found['kind']}{found['n']}"
+        mapping = registry.megatron_to_hf_lookup(grouped)
+        if mapping is None:
+            continue
+        module = chunks[0].get_submodule(f"{found['experts']}.local_experts.{found['n']}.{found['linear']}")
+        added.append(WeightConversionTask(param_name=grouped, global_param_name=grouped, mapping=mapping, pp_rank=0,
+                                          vp_stage=0, megatron_module=module, param_weight=param,
+                                          weight_dtype=weight_dtype))
+    if added:
+        logger.debug("weight sync: %d routed-expert tensors sized under their grouped-GEMM names", len(added))
+    return added
+
+
+@contextlib.contextmanager
+def _pg_collection_once() -> Iterator[None]:
+    """Bridge asks, per parameter and per task, which process-group collection the model carries
+    (``model_bridge._get_pg_collection_from_model``: an unwrap of the model each time, about 250,000 times and
+    2 s of a 235B sizing). The answer cannot change while the sizing runs: each model's is looked up once."""
+    from megatron.bridge.models.conversion import model_bridge as module
+
+    original = getattr(module, "_get_pg_collection_from_model", None)
+    if original is None:  # another Bridge version: nothing to spare
+        yield
+        return
+    answers: dict[int, tuple[Any, Any]] = {}
+
+    def once(megatron_model: Any) -> Any:
+        first = megatron_model[0] if isinstance(megatron_model, list) and megatron_model else megatron_model
+        held = answers.get(id(first))
+        if held is None or held[0] is not first:
+            held = (first, original(megatron_model))
+            answers[id(first)] = held
+        return held[1]
+
+    module._get_pg_collection_from_model = once
+    try:
+        yield
+    finally:
+        module._get_pg_collection_from_model = original
+
+
+def _describe(bridge: Any) -> str:
+    pretrained = getattr(bridge, "hf_pretrained", None)
+    config = getattr(pretrained, "config", pretrained)
+    architectures = getattr(config, "architectures", None) or []
+    return architectures[0] if architectures else type(config).__name__
+
+
+def _size(stream: Iterable[tuple[str, Any]]) -> tuple[int, int]:
+    """Bytes and number of the tensors a (meta) export stream yields; checks each HF name comes once."""
+    total, names = 0, set()
+    for name, tensor in stream:
+        if name in names:
+            raise PlanError(f"Megatron-Bridge's export yields HF tensor {name} twice; cannot size the weight sync")
+        names.add(name)
+        total += tensor.numel() * tensor.element_size()
+    return total, len(names)
