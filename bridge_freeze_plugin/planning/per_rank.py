@@ -208,16 +208,15 @@ def _one_rank_of_many() -> Iterator[None]:
     matches somewhere) need the counts of all ranks, which a fake world's all-reduce does not bring: a rank
     alone would be refused for holding no vision encoder. The plan's whole-model build already gave both
     verdicts for the same selection; here they are skipped. Every per-rank check stays."""
-    from bridge_freeze_plugin import distributed
-    from bridge_freeze_plugin.prewrap import hooks
+    from bridge_freeze_plugin.prewrap import hooks, model_wide
 
-    saved = hooks.check_parts_present, distributed.check_matched
+    saved = hooks.check_parts_present, model_wide.check_matched
     hooks.check_parts_present = lambda *_args, **_kwargs: None  # type: ignore[assignment]
-    distributed.check_matched = lambda *_args, **_kwargs: None  # type: ignore[assignment]
+    model_wide.check_matched = lambda *_args, **_kwargs: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        hooks.check_parts_present, distributed.check_matched = saved
+        hooks.check_parts_present, model_wide.check_matched = saved
 
 
 def build_rank(provider: Any, layout: Layout, rank: int, build_context: Callable[[], Any]) -> tuple[dict, list]:
