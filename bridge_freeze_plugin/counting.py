@@ -86,10 +86,12 @@ class PartTally:
         return PartCount(part, *self._rows.get(part, [0] * len(ROW_FIELDS)))
 
     def parts(self, listed: Iterable[Part] | None = None) -> tuple[PartCount, ...]:
-        """A row for each of ``listed`` (the family's parts; ``None``: the parts assumed when the family is
-        unknown), and for any other part that has tensors; ``other`` only when the model has such tensors."""
-        keep = {p for p in SELECTABLE_PARTS if INFO[p].assumed} if listed is None else set(listed)
-        rows = [self.count(p) for p in SELECTABLE_PARTS if p in keep or p in self._rows]
+        """A row for each part that has tensors, and for each of ``listed`` (the family's parts; ``None``: every
+        part) that a vision-language model always has (an audio part the model was built without has no row);
+        ``other`` only when the model has such tensors."""
+        keep = set(SELECTABLE_PARTS if listed is None else listed)
+        rows = [self.count(p) for p in SELECTABLE_PARTS
+                if p in self._rows or (p in keep and INFO[p].assumed)]
         other = self.count(Part.OTHER)
         if other.total_tensors:
             rows.append(other)

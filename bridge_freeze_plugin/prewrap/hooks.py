@@ -17,7 +17,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bridge_freeze_plugin.errors import EmptyPartError
+from bridge_freeze_plugin.errors import EmptyPartError, PartNotInFamilyError
+from bridge_freeze_plugin.parts import INFO, label
 from bridge_freeze_plugin.patterns import check_lora_targets
 from bridge_freeze_plugin.prewrap import guarantee, recompute_fix
 from bridge_freeze_plugin.prewrap.adapters import hook_name
@@ -49,10 +50,24 @@ def _is_own_hook(hook: Any, provider: Any) -> bool:
 
 
 def check_parts_present(report: FreezeReport, context: BuildContext) -> None:
-    """While a flag is set, each of the family's parts must have parameters in the whole model."""
+    """While a flag is set, each of the family's parts must have parameters in the whole model: a vision-language
+    part always (else the family's table is wrong), any other part (an audio encoder) when its flag is set (a model
+    may be built without it: then that flag cannot be honoured)."""
     if not context.selection.any_set or context.family is None:
         return
-    empty = [p for p in context.family.part_names() if not report.part(p).total_tensors]
+    frozen = context.selection.frozen_parts()
+    empty = [p for p in context.family.part_names()
+             if not report.part(p).total_tensors and (INFO[p].assumed or p in frozen)]
+    unbuilt = [p for p in empty if not INFO[p].assumed]
+    if unbuilt:
+        flags = ", ".join(f"{INFO[p].flag}=True" for p in unbuilt)
+        raise PartNotInFamilyError(
+            f"{flags} on {context.provider_label or 'the model'}"
+            f"{f' ({context.model_name})' if context.model_name else ''}: family {context.family.name!r} can have "
+            f"{' and '.join(label(p) for p in unbuilt)}, but this model was built without one (its config has none: "
+            f"no audio config, or the provider's own switch off), so the flag cannot freeze anything. Unset "
+            f"{', '.join(INFO[p].flag for p in unbuilt)}."
+        )
     if empty:
         family = context.family
         tables = "; ".join(f"{p.value}: {', '.join(family.prefixes(p))}" for p in empty)

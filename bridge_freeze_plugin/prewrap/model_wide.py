@@ -24,6 +24,7 @@ from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.patterns import PatternTally, check_matched
 from bridge_freeze_plugin.prewrap.classify import Classifier, named_parameters
 from bridge_freeze_plugin.ranks import collective_device, world
+from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.report import FreezeReport
 from bridge_freeze_plugin.state import provider_state
 
@@ -75,7 +76,9 @@ def model_wide_report(model: Any, local: FreezeReport, classifier: Classifier) -
         logger.debug("bridge-freeze: no Megatron model-parallel state; the report covers this rank only")
         return local
     selection = local.selection
-    patterns = (PatternTally(selection.patterns, selection.frozen_parts(), local.part_names)
+    family = REGISTRY.get_or_none(local.family)
+    listed = local.part_names if family is None else family.part_names()
+    patterns = (PatternTally(selection.patterns, selection.frozen_parts(), listed)
                 if selection.patterns else None)
     vector = _local_tally(model, classifier, parallel_state, patterns).as_vector()
     counts = torch.tensor(vector + (patterns.as_vector() if patterns else []), dtype=torch.int64,
@@ -83,7 +86,7 @@ def model_wide_report(model: Any, local: FreezeReport, classifier: Classifier) -
     dist.all_reduce(counts)  # world group: the owners above make each parameter count once
     counts = counts.cpu()
     values = counts.tolist()
-    report = dataclasses.replace(local, parts=PartTally.from_vector(values[: len(vector)]).parts(local.part_names))
+    report = dataclasses.replace(local, parts=PartTally.from_vector(values[: len(vector)]).parts(listed))
     if patterns is None:
         return report
     summary = patterns.load_vector(values[len(vector) :]).summary()

@@ -14,7 +14,7 @@ import re
 _QWEN3 = (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None)
 _LLAVA = r"llava_model\."
 
-PARTS: dict[str, tuple[str, str, str, str | None]] = {
+_VLM: dict[str, tuple[str, str, str, str | None]] = {
     "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
     "qwen3_vl": _QWEN3,
     "qwen3_vl_moe": _QWEN3,
@@ -22,7 +22,6 @@ PARTS: dict[str, tuple[str, str, str, str | None]] = {
     "qwen35_vl_moe": _QWEN3,
     "glm45v": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
     "gemma3_vl": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
-    "gemma4_vl": (r"language_model\.", r"vision_tower\.", r"embed_vision\.", r"(audio_tower|embed_audio)\."),
     "nemotron_vl": (_LLAVA + r"language_model\.", _LLAVA + r"vision_model\.", _LLAVA + r"vision_projection\.", None),
     "ernie45_vl": (r"language_model\.", r"(vision_tower|vision_model)\.", r"resampler_model\.", None),
     "ministral3": (r"language_model\.", r"vision_tower\.", r"multi_modal_projector\.", None),
@@ -44,20 +43,83 @@ PARTS: dict[str, tuple[str, str, str, str | None]] = {
     ),
 }
 
+#: Families with an audio side: part -> regex (a name is tried against the projections first, then the encoders,
+#: then the language model, then ``other``: :data:`ORDER`).
+_AUDIO: dict[str, dict[str, str]] = {
+    # transformers builds the fixed sinusoidal position table frozen (a buffer-like parameter): no part.
+    "qwen2_audio": {"language_model": r"language_model\.", "audio_model": r"audio_tower\.",
+                    "audio_projection": r"multi_modal_projector\.", "other": r"audio_tower\.embed_positions\."},
+    "qwen3_asr": {"language_model": r"thinker\.language_model\.", "audio_model": r"thinker\.audio_model\.",
+                  "audio_projection": r"thinker\.audio_model\.proj[12]\."},
+    "gemma4_vl": {"language_model": r"language_model\.", "vision_model": r"vision_tower\.",
+                  "vision_projection": r"embed_vision\.", "audio_model": r"audio_tower\.",
+                  "audio_projection": r"embed_audio\."},
+    # Nemotron-VL's LLaVA layout plus the sound encoder and its projection.
+    "nemotron_omni": {"language_model": _LLAVA + r"language_model\.", "vision_model": _LLAVA + r"vision_model\.",
+                      "vision_projection": _LLAVA + r"vision_projection\.", "audio_model": _LLAVA + r"sound_model\.",
+                      "audio_projection": _LLAVA + r"sound_projection\."},
+    # Only the thinker is built (Bridge drops the talker and the vocoder).
+    "qwen25_omni": {"language_model": r"thinker\.language_model\.", "vision_model": r"thinker\.visual\.",
+                    "vision_projection": r"thinker\.visual\.merger\.", "audio_model": r"thinker\.audio_model\.",
+                    "audio_projection": r"thinker\.audio_model\.proj\."},
+    "qwen3_omni": {"language_model": r"thinker\.language_model\.", "vision_model": r"thinker\.visual\.",
+                   "vision_projection": r"thinker\.visual\.merger(_list\.\d+)?\.",
+                   "audio_model": r"thinker\.audio_model\.", "audio_projection": r"thinker\.audio_model\.proj[12]\."},
+}
+
+#: The order a name is tried against a family's parts: the most specific (projections inside encoders) first.
+ORDER = ("vision_projection", "audio_projection", "vision_model", "audio_model", "language_model", "other")
+
+
+def _as_parts(row: tuple[str, str, str, str | None]) -> dict[str, str]:
+    lm, vision, projection, other = row
+    return {"language_model": lm, "vision_model": vision, "vision_projection": projection,
+            **({"other": other} if other else {})}
+
+
+#: family -> part -> regex, every tiny family.
+PARTS: dict[str, dict[str, str]] = {**{name: _as_parts(row) for name, row in _VLM.items()}, **_AUDIO}
+
+
+def parts_of(family: str) -> tuple[str, ...]:
+    """The parts (not ``other``) the family has, by the test's own table."""
+    vocabulary_order = ("language_model", "vision_model", "vision_projection", "audio_model", "audio_projection")
+    return tuple(p for p in vocabulary_order if p in PARTS[family])
+
+
+def selections_of(family: str, every: bool = True) -> list:
+    """The selections of the family's own parts: all of them, or (``every=False``, more than three parts) each
+    part frozen alone and each part trained alone."""
+    from bridge_freeze_plugin import FreezeSelection
+
+    parts = parts_of(family)
+    if every or len(parts) <= 3:
+        return list(FreezeSelection.all_selections(parts))
+    single = [FreezeSelection(**{f"freeze_{p}": True}) for p in parts]
+    alone = [FreezeSelection(**{f"freeze_{q}": q != p for q in parts}) for p in parts]
+    return [FreezeSelection(), *single, *alone]
+
+
 # Parameters Bridge builds with requires_grad=False and never runs (checkpoint-only state): they never train.
 FROZEN_AS_BUILT = {
     "minimax_m3_vl": r"lightning_indexers\.",
+    "qwen2_audio": r"audio_tower\.embed_positions\.",
+}
+
+#: Families whose ``other`` modules lie inside a part's module (checked before the parts).
+_OTHER_FIRST = {"qwen2_audio", "exaone45_vl"}
+
+#: Parameters that train but that the forward never reads (no gradient ever reaches them).
+NEVER_READ = {
+    "qwen25_omni": r"thinker\.audio_model\.audio_bos_eos_token\.",
 }
 
 
 def part_of(family: str, name: str) -> str:
-    lm, vision, projection, other = PARTS[family]
-    if re.match(projection, name):
-        return "vision_projection"
-    if re.match(vision, name):
-        return "vision_model"
-    if re.match(lm, name):
-        return "language_model"
-    if other and re.match(other, name):
+    table = PARTS[family]
+    if "other" in table and re.match(table["other"], name) and family in _OTHER_FIRST:
         return "other"
+    for part in ORDER:
+        if part in table and re.match(table[part], name):
+            return part
     raise AssertionError(f"{family}: the test's own table does not cover {name}")

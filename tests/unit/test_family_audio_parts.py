@@ -235,8 +235,14 @@ def test_bridges_sound_field_on_the_omni_provider_is_the_plugins_audio_flag(cpu_
 def test_an_audio_flag_on_an_omni_built_without_sound_is_refused_before_training(cpu_bridge):
     """``has_sound=False`` (a checkpoint without ``sound_config``): Bridge builds no sound module at all."""
     provider = make_provider(OMNI, has_sound=False, freeze_audio_model=True)
-    with pytest.raises(bfp.EmptyPartError, match="freeze_audio_model=True on NemotronOmniModelProvider"):
+    with pytest.raises(bfp.PartNotInFamilyError) as err:
         build_tiny_chunks(OMNI, provider=provider)
-    (chunk,) = build_tiny_chunks(OMNI, provider=make_provider(OMNI, has_sound=False))
+    assert "freeze_audio_model=True on NemotronOmniModelProvider" in str(err.value)
+    assert "built without one" in str(err.value) and "Unset freeze_audio_model" in str(err.value)
+    # Without the flag it builds, and its report has no audio row (the model has no audio side).
+    provider = make_provider(OMNI, has_sound=False, freeze_language_model=True)
+    (chunk,) = build_tiny_chunks(OMNI, provider=provider)
     assert not any(n.startswith(("llava_model.sound_model.", "llava_model.sound_projection."))
                    for n, _ in chunk.named_parameters())
+    assert [c.part.value for c in bfp.last_report(provider).parts] == [
+        "language_model", "vision_model", "vision_projection"]

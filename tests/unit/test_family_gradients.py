@@ -21,8 +21,12 @@ Parameters that legitimately get no gradient from one synthetic batch are handle
 - EXAONE 4.5's MTP block: its training spec builds without it (Bridge 0.6.2's ``Exaone45Model.forward`` passes
   ``input_ids=None`` to its language model, which the MTP layer embeds: any forward with MTP fails), so the
   trained model has no ``other`` part; checked below;
-- Gemma4-VL's audio tower and ``embed_audio`` (no flag's part) do get audio input in the synthetic batch: they
-  must have non-zero gradients under every selection.
+- Qwen2.5-Omni's ``audio_bos_eos_token``: built trainable, never read by the forward (:data:`NEVER_READ`): it
+  must have no non-zero gradient.
+
+Families with an audio side get audio in their synthetic batch (Gemma 4, the Qwen Omni and audio families), so
+their audio parts must have non-zero gradients whenever they train. A family with more than three parts runs each
+part frozen alone and each part trained alone here; its own test file runs every combination.
 """
 
 from __future__ import annotations
@@ -31,19 +35,26 @@ import re
 
 import pytest
 import torch
-from _family_parts import FROZEN_AS_BUILT, PARTS, part_of
+from _family_parts import FROZEN_AS_BUILT, NEVER_READ, PARTS, part_of, parts_of, selections_of
 
 from bridge_freeze_harness import train
 from bridge_freeze_harness.tiny import build_tiny_model
-from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
+from bridge_freeze_plugin import FreezeSelection, Part, apply_selection, get_family
 
 #: Every tiny configuration that must train on the CPU (Nemotron-VL cannot: Mamba needs mamba-ssm).
-TRAINABLE = sorted(set(PARTS) - {"nemotron_vl"})
+TRAINABLE = sorted(set(PARTS) - {"nemotron_vl", "nemotron_omni"})
 
 #: The plugin registry's family of a configuration, where the names differ.
 REGISTRY_FAMILY = {"qwen35_vl_moe": "qwen35_vl"}
 
-SELECTIONS = [s for s in FreezeSelection.all_selections() if s.trained_parts()]
+
+
+def _selections(config: str) -> list[FreezeSelection]:
+    """The selections that train something: every one of a VLM's parts; with more parts, each alone frozen and
+    each alone trained (the families' own test files run every combination)."""
+    parts = [Part(p) for p in parts_of(config)]
+    return [s for s in selections_of(config, every=False) if s.trained_parts(parts)]
+
 EXPERT = re.compile(r"^(.*\.local_experts\.\d+)\.")
 
 
@@ -83,7 +94,7 @@ class ExpertSignal:
 
 def test_the_trainable_configurations_are_exactly_the_expected_ones():
     assert train.trainable_families() == TRAINABLE
-    assert train.cannot_train_reason("nemotron_vl")
+    assert train.cannot_train_reason("nemotron_vl") and train.cannot_train_reason("nemotron_omni")
 
 
 def _check_selection(config: str, model: torch.nn.Module, batch: dict, selection: FreezeSelection) -> list[str]:
@@ -92,6 +103,7 @@ def _check_selection(config: str, model: torch.nn.Module, batch: dict, selection
     params = dict(model.named_parameters())
     frozen_parts = {p.value for p in selection.frozen_parts()}
     never = FROZEN_AS_BUILT.get(config)
+    unread = NEVER_READ.get(config)
     want = {n for n in params if part_of(config, n) not in frozen_parts and not (never and re.match(never, n))}
     problems = []
     got = {n for n, p in params.items() if p.requires_grad}
@@ -111,6 +123,9 @@ def _check_selection(config: str, model: torch.nn.Module, batch: dict, selection
         elif expert and not experts.signal[expert.group(1)]:
             if param.grad is not None and torch.any(param.grad != 0):
                 problems.append(f"{name}: no loss-carrying token reached this expert, yet its gradient is non-zero")
+        elif unread and re.match(unread, name):
+            if param.grad is not None and torch.any(param.grad != 0):
+                problems.append(f"{name}: the forward never reads it, yet its gradient is non-zero")
         elif param.grad is None or not torch.any(param.grad != 0):
             problems.append(f"trainable {name}: gradient {'None' if param.grad is None else 'all zeros'}")
     if want & {n for n in params if EXPERT.match(n)}:  # the experts train: some expert per layer must learn
@@ -130,10 +145,11 @@ def test_every_selection_gives_gradients_to_exactly_the_trained_parts(cpu_bridge
     batch = train.synthetic_batch(config, provider)
     names = {n for n, _ in model.named_parameters()}
     # Every part is really present, so no selection can pass vacuously.
-    assert {part_of(config, n) for n in names} >= {"language_model", "vision_model", "vision_projection"}
+    assert {part_of(config, n) for n in names} >= set(parts_of(config))
     if config == "exaone45_vl":
         assert not any(n.startswith("language_model.mtp.") for n in names)  # see module docstring
-    elif PARTS[config][3]:
+    elif "other" in PARTS[config]:
         assert "other" in {part_of(config, n) for n in names}
-    problems = {str(s.as_dict()): found for s in SELECTIONS if (found := _check_selection(config, model, batch, s))}
+    problems = {str(s.as_dict()): found for s in _selections(config)
+                if (found := _check_selection(config, model, batch, s))}
     assert problems == {}

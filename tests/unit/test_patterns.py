@@ -24,7 +24,7 @@ FLAG_OF = {"language_model": "freeze_language_model", "vision_model": "freeze_vi
 
 
 def part_of(name: str, family: str = "qwen3_vl") -> str:
-    lm, vision, projection, _ = PARTS[family]
+    lm, vision, projection = (PARTS[family][p] for p in ("language_model", "vision_model", "vision_projection"))
     if re.match(projection, name):
         return "vision_projection"
     return "vision_model" if re.match(vision, name) else ("language_model" if re.match(lm, name) else "other")
