@@ -99,6 +99,8 @@ class HFFamily:
     #: saved tensor-name prefix -> the prefix published checkpoints use, rewritten in the safetensors after
     #: ``save_pretrained`` (where transformers 5.12.1 saves names no published checkpoint has).
     published_prefixes: Mapping[str, str] = field(default_factory=dict)
+    #: files a published checkpoint carries beside the weights, written by this function into the directory.
+    extra_files: Callable[[Path], None] | None = None
 
 
 def _qwen3_rope(mrope_section: list[int], **extra: Any) -> dict[str, Any]:
@@ -302,6 +304,22 @@ def _minimax_cpu(provider: Any) -> dict[str, Any]:
             "layernorm_zero_centered_gamma": False}
 
 
+def _omni_speakers(directory: Path) -> None:
+    """``spk_dict.pt``: the speaker table published Qwen2.5-Omni checkpoints carry (transformers' from_pretrained
+    of the model requires it, even with audio output off); a tiny one, one speaker."""
+    import torch
+
+    torch.save({"Chelsie": {"bos_token": 0, "cond": torch.zeros(4), "ref_mel": torch.zeros(2, 4)}},
+               directory / "spk_dict.pt")
+
+
+def _tiny_hf_config(name: str) -> Any:
+    """The HF config a family module writes itself (``hf_config()``: the Qwen Omni thinker-only configs)."""
+    import importlib
+
+    return importlib.import_module(f"bridge_freeze_harness.tiny.{name}").hf_config()
+
+
 def _qwen2_audio() -> Any:
     from bridge_freeze_harness.tiny.qwen2_audio import hf_config
 
@@ -345,10 +363,17 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "exaone45_vl": HFFamily("Exaone4_5_ForConditionalGeneration", _exaone45_vl),
     "qwen2_audio": HFFamily("Qwen2AudioForConditionalGeneration", _qwen2_audio,
                             published_prefixes=_QWEN2_AUDIO_NAMES),
+    "qwen25_omni": HFFamily("Qwen2_5OmniForConditionalGeneration", lambda: _tiny_hf_config("qwen25_omni"),
+                            extra_files=_omni_speakers),
+    "qwen3_omni": HFFamily("Qwen3OmniMoeForConditionalGeneration", lambda: _tiny_hf_config("qwen3_omni")),
 }
 
 #: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each).
 NO_HF_CHECKPOINT: dict[str, str] = {
+    "nemotron_omni": (
+        "its HF model (NemotronH_Nano_Omni_Reasoning_V3) is remote code on the hub, not in transformers 5.12.1; "
+        "its Mamba layers also cannot run a forward on the CPU (CUDA-only mamba-ssm kernels)"
+    ),
     "kimi_k25_vl": (
         "its HF model (KimiK25ForConditionalGeneration, model_type kimi_k25) is remote code on the hub, not in "
         "transformers 5.12.1: AutoConfig raises 'Unrecognized model identifier: kimi_k25' offline, so no "
@@ -480,6 +505,8 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     rename_saved_tensors(directory, hf_family(family).published_prefixes)
+    if hf_family(family).extra_files is not None:
+        hf_family(family).extra_files(directory)
     tiny_tokenizer().save_pretrained(directory)
     logger.info("wrote a tiny random %s checkpoint (%s) to %s", family, cls.__name__, directory)
     return directory

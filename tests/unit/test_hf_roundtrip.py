@@ -23,8 +23,10 @@ A family whose checkpoint transformers cannot write offline is listed with the m
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,12 @@ STEPS = 2
 PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
 VISION_ONLY = {"freeze_language_model": True, "freeze_vision_projection": True}
 LANGUAGE_ONLY = {"freeze_vision_model": True, "freeze_vision_projection": True}
+OMNI_PROJECTIONS = {"freeze_language_model": True, "freeze_vision_model": True, "freeze_audio_model": True}
+
+
+#: Files a published checkpoint carries that Bridge 0.6.2's export does not copy (its Qwen2.5-Omni bridge names no
+#: ADDITIONAL_FILE_PATTERNS, so save_hf_pretrained drops the speaker table transformers' loader requires).
+BRIDGE_EXPORT_DROPS = {"qwen25_omni": "spk_dict.pt"}
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,12 @@ CASES: dict[str, Case] = {
     # from the routing counts (finalize_model_grads), not the optimizer step run here.
     "minimax_m3_vl": Case(LANGUAGE_ONLY, r"^language_model\.(?!.*\.e_score_correction_bias$)"),
     "exaone45_vl": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
+    # The audio encoder alone; its fixed position table is no part (built frozen).
+    "qwen2_audio": Case({"freeze_language_model": True, "freeze_audio_projection": True},
+                        r"^audio_tower\.(?!embed_positions\.)"),
+    # Both projections (the Omni thinker's audio projection lives inside the audio tower in HF names too).
+    "qwen25_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger\.|audio_tower\.proj\.)"),
+    "qwen3_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger(_list\.\d+)?\.|audio_tower\.proj[12]\.)"),
 }
 
 
@@ -173,6 +187,7 @@ def roundtrip(cpu_bridge, tmp_path_factory):
             checkpoint = write_tiny_hf_checkpoint(family, root / "hf", seed=0)
             run = load_train_export(checkpoint, family, CASES[family].flags)
             run["original"] = read_safetensors(checkpoint)
+            run["checkpoint"] = checkpoint
             run["saved"] = root / "saved"
             run["bridge"].save_hf_pretrained(run["chunks"], run["saved"], show_progress=False)
             run["seconds"] = time.perf_counter() - started
@@ -224,7 +239,19 @@ def test_saved_checkpoint_is_the_export_and_loads_in_transformers(family, roundt
 
     run = roundtrip(family)
     assert differences(run["after"], read_safetensors(run["saved"])) == []
-    model, info = model_class(family).from_pretrained(run["saved"], output_loading_info=True)
+    cls = model_class(family)
+    load = cls.from_pretrained
+    if family in BRIDGE_EXPORT_DROPS:  # Bridge's gap, not the plugin's: shown, then the file put back
+        dropped = BRIDGE_EXPORT_DROPS[family]
+        assert not (run["saved"] / dropped).exists()
+        shutil.copy(run["checkpoint"] / dropped, run["saved"] / dropped)
+        cls.from_pretrained(run["saved"])  # a user's load (reads the speaker table)
+        # transformers 5.12.1's Omni from_pretrained cannot return loading info (it hands the tuple to
+        # load_speakers): the weights are checked through the generic loader it wraps.
+        from transformers import PreTrainedModel
+
+        load = functools.partial(PreTrainedModel.from_pretrained.__func__, cls)
+    model, info = load(run["saved"], output_loading_info=True)
     assert {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v} == {}
     assert info.get("error_msgs", []) == []
     model.save_pretrained(tmp_path / "resaved")  # transformers' own names back: the tensors it loaded
