@@ -33,6 +33,8 @@ def cpu_bridge():
 # theirs, transitively.
 
 _SPAWN_CALLS = ("subprocess.", "Popen(", "mp.spawn", "start_processes(", "multiprocessing.")
+#: Fixtures that start processes (tests/unit/conftest.py: the forkserver with Bridge preloaded, its commands).
+_SPAWNING_FIXTURES = {"bridge_forkserver"}
 _spawning_cache: dict[str, set[str]] = {}
 
 
@@ -74,5 +76,5 @@ def pytest_collection_modifyitems(config, items):
         if function is None:
             continue
         spawning = _spawning_names(str(item.path))
-        if function.__name__ in spawning or fixtures & spawning:
+        if function.__name__ in spawning or fixtures & (spawning | _SPAWNING_FIXTURES):
             item.add_marker(pytest.mark.spawns)

@@ -11,14 +11,18 @@ Same worker and expectations as the CPU test (4 processes, gloo on 127.0.0.1, ha
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
+_UNIT = Path(__file__).resolve().parents[1] / "unit"
+if str(_UNIT) not in sys.path:  # the CPU test imports its helpers (_shared, _family_parts) from there
+    sys.path.insert(0, str(_UNIT))
 _SPEC = importlib.util.spec_from_file_location(
-    "_bfp_cpu_distributed_tests", Path(__file__).resolve().parents[1] / "unit" / "test_distributed.py"
+    "_bfp_cpu_distributed_tests", _UNIT / "test_distributed.py"
 )
 _CPU = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_CPU)  # the CPU test's launcher and expectations (no test runs from here)

@@ -1,6 +1,9 @@
-"""One rank of a multi-process CPU run (gloo, loopback) for tests/unit/test_distributed.py.
+"""One rank of a multi-process CPU run (gloo, loopback) for tests/unit/test_distributed.py and test_plan_per_rank.py.
 
-Usage: ``python _dist_worker.py RANK WORLD_SIZE OUT_DIR SCENARIOS_JSON`` with MASTER_ADDR / MASTER_PORT set.
+``rank_main(rank, world, out_dir, scenarios_json, port)`` (and ``plan_main``, plan's side of
+tests/unit/test_plan_per_rank.py) runs in a process forked from the session's forkserver
+(``bridge_forkserver`` in tests/unit/conftest.py: Bridge imported once); ``python _dist_worker.py RANK WORLD_SIZE
+OUT_DIR SCENARIOS_JSON`` with MASTER_ADDR / MASTER_PORT set does the same in a process of its own.
 Runs the scenarios in order in one process group (the model-parallel state is rebuilt for each) and
 writes what this rank saw to ``OUT_DIR/rank{RANK}.json`` after every scenario, so a parent that has to
 kill a hung run still gets the scenarios that finished.
@@ -157,7 +160,16 @@ def _run(sc: dict[str, Any], rank: int, world: int, capture: _Capture) -> dict[s
 
 
 def main() -> None:
-    rank, world, out_dir, scenarios = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+
+
+def rank_main(rank: int, world: int, out_dir: str, scenarios: str, port: int | None = None) -> None:
+    """One rank: the scenarios (a JSON list) in order; ``port``: the master port (else MASTER_PORT is set)."""
+    folder = Path(out_dir)
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
     # Own hard timeout: dump every thread's stack (where it hangs) and exit before the parent kills us.
     faulthandler.dump_traceback_later(float(os.environ.get("BFP_WORKER_TIMEOUT_S", "200")), exit=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -173,7 +185,7 @@ def main() -> None:
     logger.addHandler(capture)
     logger.setLevel(logging.INFO)
     results: dict[str, Any] = {}
-    out = out_dir / f"rank{rank}.json"
+    out = folder / f"rank{rank}.json"
     for sc in json.loads(scenarios):
         try:
             results[sc["name"]] = {"ok": True, **_run(sc, rank, world, capture)}
@@ -185,6 +197,30 @@ def main() -> None:
                 "traceback": traceback.format_exc(),
             }
         out.write_text(json.dumps(results))
+
+
+def plan_main(out: str, scenarios: str) -> None:
+    """``bridge-freeze plan``'s per-rank figures (its own fake-backend world, which replaces this process's group)
+    for each scenario (a JSON list), written to ``out`` as {scenario: [per-rank entries]}."""
+    import torch
+
+    torch.set_num_threads(1)
+    from bridge_freeze_plugin import planning
+    from bridge_freeze_plugin.selection import FreezeSelection
+
+    results = {}
+    for sc in json.loads(scenarios):
+        selection = sc["selection"]
+        plan = planning.plan_model(
+            sc["family"],
+            FreezeSelection(freeze_language_model=selection.get("freeze_language_model", False),
+                            train_patterns=tuple(selection.get("train_patterns", ()))),
+            planning.MemoryAssumptions(),
+            tiny=True,
+            layout=planning.Layout(tp=sc["tp"], pp=sc["pp"], ep=sc.get("ep", 1)),
+        )
+        results[sc["name"]] = [r.as_dict() for r in plan.per_rank]
+    Path(out).write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

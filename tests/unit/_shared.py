@@ -5,13 +5,21 @@ Expected sets in tests are computed from parameter names with these, never with 
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from bridge_freeze_plugin import FreezeSelection
 
 #: Qwen3-VL's vision projection: the merger and the DeepStack mergers (read from Bridge's module tree).
 QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
-PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
+#: The projection-only selection: as flags (a config section, a worker's JSON) and as a selection.
+PROJECTION_ONLY_FLAGS = {"freeze_language_model": True, "freeze_vision_model": True}
+PROJECTION_ONLY = FreezeSelection(**PROJECTION_ONLY_FLAGS)
 #: The flags of a vision-language model (written here, not read from the vocabulary).
 VLM_FLAGS = ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
 
@@ -33,3 +41,106 @@ def names(model) -> set[str]:
 def projection_names(model) -> set[str]:
     """Qwen3-VL's projection parameters."""
     return {n for n in names(model) if QWEN3_PROJECTION.match(n)}
+
+
+def preloaded_forkserver(*modules: str) -> multiprocessing.context.ForkServerContext:
+    """The ``multiprocessing`` forkserver context with its server started now, preloading ``modules`` (of this
+    folder): the server imports them once, and every process started from the context is forked with them loaded.
+    Stop the server with :func:`stop_forkserver` when done."""
+    import os
+    from multiprocessing import forkserver
+
+    stop_forkserver()  # a running server would keep its own preload
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(modules))
+    # The server imports the modules with its own sys.path (Python 3.12.1 does not pass this process's on), and a
+    # module it cannot import is silently skipped: it gets this folder through PYTHONPATH, while it starts.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), saved]))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    return ctx
+
+
+def stop_forkserver() -> None:
+    """Stop the forkserver (a preloaded one holds an imported Bridge, about 1 GB); a later one preloads nothing."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own (used by its test suite)
+    if stop is not None:
+        with contextlib.suppress(OSError):  # its socket file may be gone already
+            stop()
+    multiprocessing.get_context("forkserver").set_forkserver_preload([])
+
+
+def call_in_files(stdout: str, stderr: str, module: str, function: str, *args: Any) -> None:
+    """In a started process: ``module.function(*args)`` with file descriptors 1 and 2 (every print, a child
+    process's too) in the files ``stdout`` and ``stderr`` (one file when they are the same path); the process
+    exits with the function's status as a console script would (its return value, ``SystemExit``, or 1 and the
+    traceback on stderr). Never returns."""
+    import importlib
+    import os
+    import traceback
+
+    paths = {stdout: None, stderr: None}
+    for path in paths:
+        paths[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(paths[stdout], 1)
+    os.dup2(paths[stderr], 2)
+    for fd in paths.values():
+        os.close(fd)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # the process's own streams, on the files
+    sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    code = 1
+    try:
+        result = getattr(importlib.import_module(module), function)(*args)
+        code = result if isinstance(result, int) else 0
+    except SystemExit as exc:  # e.g. argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001  (as a console script: the traceback on stderr, status 1)
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+#: What a training launcher sets; a command the tests start runs without them, as from a user's shell.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def cli_main(argv: list[str]) -> int:
+    """In a started process: ``bridge-freeze ARGV`` (the console script's ``main``), without launcher variables."""
+    import os
+
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    from bridge_freeze_plugin.cli import main
+
+    return main(argv)
+
+
+def start_forked(ctx: multiprocessing.context.ForkServerContext, stdout: str | Path, stderr: str | Path,
+                 module: str, function: str, *args: Any) -> multiprocessing.Process:
+    """Start ``module.function(*args)`` (see :func:`call_in_files`) in a process forked from ``ctx``'s server."""
+    proc = ctx.Process(target=call_in_files, args=(str(stdout), str(stderr), module, function, *args))
+    proc.start()
+    return proc
+
+
+def join_or_kill(procs: list[multiprocessing.Process], timeout_s: float) -> list[int]:
+    """Wait for ``procs`` together for at most ``timeout_s``; kill those still running (only these) and return
+    their indices."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(max(0.1, deadline - time.monotonic()))
+    hung = [i for i, proc in enumerate(procs) if proc.is_alive()]
+    for i in hung:
+        procs[i].kill()
+        procs[i].join()
+    return hung

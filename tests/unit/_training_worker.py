@@ -1,13 +1,12 @@
 """One rank of Bridge's real ``pretrain()`` over gloo, for tests/unit/test_bridge_training.py (DP2).
 
-``rank_main(rank, world, workdir, iters, port)`` is the target of a process of a ``multiprocessing`` forkserver:
-the test names this module in the forkserver's preload, so Bridge is imported once, here, when the server imports
-this module, and every rank forked from the server starts with it loaded (one Bridge import costs about 15
-CPU-seconds). Each rank runs ``iters`` iterations of ``pretrain()`` on the tiny Qwen3-VL with
-``freeze_language_model`` and ``freeze_vision_model`` (the projection trains), the distributed optimizer, one
-micro-batch per rank, no dropout, a checkpoint at the end under ``workdir/checkpoints`` (written by the ranks
-together), and writes ``workdir/rank{rank}.pt``: what its grad buffers hold, its initial parameters, its
-losses, its time, or the traceback when it failed.
+``rank_main(rank, world, workdir, iters, port)`` runs in a process forked from the session's forkserver
+(``bridge_forkserver`` in tests/unit/conftest.py), whose server imported Bridge once: the ``import_bridge()`` below
+finds it loaded (one Bridge import costs about 15 CPU-seconds). Each rank runs ``iters`` iterations of
+``pretrain()`` on the tiny Qwen3-VL with ``freeze_language_model`` and ``freeze_vision_model`` (the projection
+trains), the distributed optimizer, one micro-batch per rank, no dropout, a checkpoint at the end under
+``workdir/checkpoints`` (written by the ranks together), and writes ``workdir/rank{rank}.pt``: what its grad buffers
+hold, its initial parameters, its losses, its time, or the traceback when it failed.
 """
 
 from __future__ import annotations

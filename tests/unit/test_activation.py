@@ -12,15 +12,17 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from _shared import QWEN3_PROJECTION
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 from bridge_freeze_plugin import FreezeGuaranteeError, FreezeSelection, make_freezable
 
-QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 ADAPTER = re.compile(r"\.adapter\.linear_(in|out)\.weight$")
+TINY_QWEN3_VL_MOE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_hf_configs" / "qwen3_vl_moe.json"
 
 # A fresh interpreter that never imports the plugin itself: the TE stub and the tiny builders come
 # from bridge_freeze_harness, which does not import bridge_freeze_plugin.
@@ -132,17 +134,10 @@ def test_autobridge_made_provider_honours_the_flags(cpu_bridge):
 
 
 def _tiny_hf_qwen3_vl_moe_config():
-    """A tiny HF Qwen3-VL-MoE config, the sizes of the project's tiny Qwen3-VL-MoE (no hub access)."""
+    """A tiny HF Qwen3-VL-MoE config (tests/fixtures/tiny_hf_configs/qwen3_vl_moe.json; no hub access)."""
     from transformers import Qwen3VLMoeConfig
 
-    from bridge_freeze_harness.tiny.qwen3_vl import TINY_VISION
-
-    text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
-            "num_experts_per_tok": 2, "vocab_size": 128,
-            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}
-    return Qwen3VLMoeConfig(architectures=["Qwen3VLMoeForConditionalGeneration"], text_config=text,
-                            vision_config={**TINY_VISION, "deepstack_visual_indexes": [0, 1]})
+    return Qwen3VLMoeConfig.from_dict(json.loads(TINY_QWEN3_VL_MOE.read_text()))
 
 
 def test_autobridge_made_provider_builds_what_was_asked(cpu_bridge, caplog):

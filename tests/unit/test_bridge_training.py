@@ -12,13 +12,9 @@ restore. The DP2 run (2 processes over gloo), when selected, starts in the backg
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing
 import re
-import sys
 import threading
-import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +23,8 @@ from typing import Any
 
 import pytest
 import torch
+from _shared import PROJECTION_ONLY, join_or_kill, start_forked
+from _shared import QWEN3_PROJECTION as PROJECTION
 
 import bridge_freeze_plugin  # noqa: F401  (the plugin active, as in a user's job)
 from bridge_freeze_harness.cpu_runtime import free_port
@@ -34,13 +32,11 @@ from bridge_freeze_harness.run_records import Recorder, iteration_dir, model_ten
 from bridge_freeze_plugin import FreezeSelection, make_freezable
 
 #: Qwen3-VL's projection: the merger and the DeepStack mergers (inside ``vision_model``).
-PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 VISION = re.compile(r"^vision_model\.")
 #: LoRA's adapters on a Megatron linear.
 ADAPTER = re.compile(r"\.adapter\.linear_(in|out)\.weight$")
 #: torch_dist stacks the layers of a ModuleList into one tensor per module (leading dimension: the layer).
 STACKED = re.compile(r"^(?P<head>.*\.(?:layers|deepstack_merger_list))\.(?P<index>\d+)\.(?P<tail>.*)$")
-PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
 ITERS = 4
 RNG = "rng_state"  # load_rng=False: a resumed run's generator state differs (no dropout: never drawn from)
 
@@ -169,14 +165,14 @@ class Runs:
 class DataParallelRun:
     """``pretrain()`` on 2 ranks over gloo (tests/unit/_training_worker.py), started at once in a background thread.
 
-    The ranks are forked from a forkserver that imported Bridge once (the worker module, preloaded). A hard
+    The ranks are forked from the session's forkserver, which imported Bridge once (``bridge_forkserver``). A hard
     timeout: a rank still alive then is killed (only the processes started here) and the test fails.
     """
 
     WORLD, ITERS, TIMEOUT_S = 2, 2, 240.0
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
+    def __init__(self, workdir: Path, forkserver: Any) -> None:
+        self.workdir, self.forkserver = workdir, forkserver
         self.hung: list[int] = []
         self.error: str | None = None
         self.thread = threading.Thread(target=self._launch_or_record, daemon=True)
@@ -189,28 +185,13 @@ class DataParallelRun:
             self.error = traceback.format_exc()
 
     def _launch(self) -> None:
-        unit_tests = str(Path(__file__).parent)
-        if unit_tests not in sys.path:  # the forkserver imports the worker by name, with this sys.path
-            sys.path.insert(0, unit_tests)
-        import _training_worker
-
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["_training_worker"])
         port = free_port()
-        procs = [ctx.Process(target=_training_worker.rank_main, args=(rank, self.WORLD, str(self.workdir),
-                                                                      self.ITERS, port))
-                 for rank in range(self.WORLD)]
-        deadline = time.monotonic() + self.TIMEOUT_S
-        for proc in procs:
-            proc.start()
-        for rank, proc in enumerate(procs):
-            proc.join(max(1.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                self.hung.append(rank)
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-        _stop_forkserver()
+        procs = []
+        for rank in range(self.WORLD):  # each rank's output in rank<N>.log
+            log = self.workdir / f"rank{rank}.log"
+            procs.append(start_forked(self.forkserver, log, log, "_training_worker", "rank_main", rank, self.WORLD,
+                                      str(self.workdir), self.ITERS, port))
+        self.hung = join_or_kill(procs, self.TIMEOUT_S)
 
     def results(self) -> list[dict[str, Any]]:
         self.thread.join(self.TIMEOUT_S + 30)
@@ -219,27 +200,17 @@ class DataParallelRun:
         out = []
         for rank in range(self.WORLD):
             path = self.workdir / f"rank{rank}.pt"
-            assert path.exists(), f"rank {rank} wrote no result"
+            log = self.workdir / f"rank{rank}.log"
+            assert path.exists(), f"rank {rank} wrote no result:\n{log.read_text()[-3000:] if log.exists() else ''}"
             result = torch.load(path, weights_only=False)
             assert result["ok"], f"rank {rank} failed:\n{result['traceback']}"
             out.append(result)
         return out
 
 
-def _stop_forkserver() -> None:
-    """The forkserver holds an imported Bridge (about 1 GB): stop it, and preload nothing in a later one."""
-    from multiprocessing import forkserver
-
-    stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own (used by its test suite)
-    if stop is not None:
-        with contextlib.suppress(OSError):  # its socket file may be gone already
-            stop()
-    multiprocessing.get_context("forkserver").set_forkserver_preload([])
-
-
 @pytest.fixture(scope="module")
-def dp2(tmp_path_factory) -> Iterator[DataParallelRun]:
-    run = DataParallelRun(tmp_path_factory.mktemp("dp2"))
+def dp2(tmp_path_factory, bridge_forkserver) -> Iterator[DataParallelRun]:
+    run = DataParallelRun(tmp_path_factory.mktemp("dp2"), bridge_forkserver)
     yield run
     run.thread.join(DataParallelRun.TIMEOUT_S + 30)  # never leave ranks behind
 

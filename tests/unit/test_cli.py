@@ -1,4 +1,10 @@
-"""The command as a user runs it: a subprocess, its output and its exit code."""
+"""The command as a user runs it: a process of its own, its output and its exit code.
+
+The installed ``bridge-freeze`` runs in a subprocess wherever the command itself is the subject (its entry point,
+usage errors, help, what a fresh process prints, a full-size plan's peak memory). The commands that build or train
+a model run as the same ``main(argv)`` in a process forked from a server that imported Bridge once
+(``forked_command``, tests/unit/conftest.py): each still a process of its own, without a Bridge import each.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _shared import QWEN3_PROJECTION
 
 EXE = shutil.which("bridge-freeze", path=os.path.dirname(sys.executable)) or "bridge-freeze"
 
@@ -116,11 +123,11 @@ def _safetensors(directory: Path) -> dict:
     return tensors
 
 
-def _run_demo(workdir: Path, *args: str):
+def _run_demo(command, workdir: Path, *args: str):
     """``demo --workdir WORKDIR ARGS``; returns the process, and the input / exported HF tensors that changed."""
     import torch
 
-    out = run("demo", "--workdir", str(workdir), *args)
+    out = command("demo", "--workdir", str(workdir), *args)
     assert out.returncode == 0, out.stdout + out.stderr
     original, exported = _safetensors(workdir / "hf"), _safetensors(workdir / "export")
     assert set(original) == set(exported) and len(original) > 20
@@ -150,9 +157,10 @@ def _expected_table(names, parts: dict[str, str], trainable: set[str], changed: 
     ],
     ids=["qwen3_vl-default", "qwen25_vl-freeze-vision"],
 )
-def test_demo_runs_the_real_flow_and_proves_it_from_the_export(tmp_path, args, parts, trains, described):
+def test_demo_runs_the_real_flow_and_proves_it_from_the_export(forked_command, tmp_path, args, parts, trains,
+                                                                described):
     workdir = tmp_path / "flow"
-    out, original, changed = _run_demo(workdir, *args, "--steps", "2")
+    out, original, changed = _run_demo(forked_command, workdir, *args, "--steps", "2")
     expected = set().union(*(_names(original, parts[p]) for p in trains))
     assert changed == expected  # read here from the two safetensors files, not from the demo's output
     assert _demo_table(out.stdout) == _expected_table(original, parts, expected, changed)
@@ -170,11 +178,12 @@ def test_demo_runs_the_real_flow_and_proves_it_from_the_export(tmp_path, args, p
     assert [re.fullmatch(r"finetune \[[#-]{24}\] (\d)/2 loss [\d.]+", line)[1] for line in progress] == ["1", "2"]
 
 
-def test_demo_lora_merged_export_carries_adapters_and_full_rank_parts_and_lr_zero_is_bit_identical(tmp_path):
+def test_demo_lora_merged_export_carries_adapters_and_full_rank_parts_and_lr_zero_is_bit_identical(
+        forked_command, tmp_path):
     # The language model through LoRA on its attention (scoped by full names: the vision encoder trains at full
     # rank next to them), the vision encoder at full rank, the projection trainable at learning rate 0.
     out, original, changed = _run_demo(
-        tmp_path / "flow", "--freeze-language-model", "--lora-rank", "4", "--lora-target-modules",
+        forked_command, tmp_path / "flow", "--freeze-language-model", "--lora-rank", "4", "--lora-target-modules",
         "language_model.*linear_qkv", "language_model.*linear_proj", "--lr-vision-projection", "0", "--steps", "2")
     adapters_merged = _names(original, r"^model\.language_model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight$")
     assert len(adapters_merged) == 8  # q, k, v, o of 2 layers
@@ -189,9 +198,9 @@ def test_demo_lora_merged_export_carries_adapters_and_full_rank_parts_and_lr_zer
             "(global 0.01)") in out.stdout
 
 
-def test_demo_train_pattern_with_full_recompute(tmp_path):
+def test_demo_train_pattern_with_full_recompute(forked_command, tmp_path):
     out, original, changed = _run_demo(
-        tmp_path / "flow", "--freeze-language-model", "--freeze-vision-model", "--train",
+        forked_command, tmp_path / "flow", "--freeze-language-model", "--freeze-vision-model", "--train",
         r"language_model\.decoder\.layers\.1", "--recompute", "full", "--steps", "1")
     expected = _names(original, r"^model\.language_model\.layers\.1\.") | _names(
         original, QWEN3_PARTS["vision_projection"])
@@ -201,10 +210,10 @@ def test_demo_train_pattern_with_full_recompute(tmp_path):
     assert "OK: exactly the" in out.stdout
 
 
-def test_demo_lora_on_a_full_rank_part_fails_in_bridges_finetune_as_one_line():
+def test_demo_lora_on_a_full_rank_part_fails_in_bridges_finetune_as_one_line(forked_command):
     # Bridge's default LoRA targets include the Qwen3-VL mergers' linears, which train at full rank here: the
     # plugin refuses inside Bridge's setup() (its PEFT pre-wrap hook), and the command says so in one line.
-    out = run("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model")
+    out = forked_command("demo", "--lora-rank", "4", "--freeze-language-model", "--freeze-vision-model")
     assert out.returncode == 2, out.stdout + out.stderr
     assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith("bridge-freeze demo: error: ")
@@ -298,8 +307,8 @@ def test_usage_errors_are_one_line_without_the_usage_block(args, prog, message):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge):
-    out = run("plan", "qwen3_vl_moe", "--tiny", "--freeze-language-model", "--json")
+def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge, forked_command):
+    out = forked_command("plan", "qwen3_vl_moe", "--tiny", "--freeze-language-model", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert out.stdout.strip() == json.dumps(doc, indent=2, sort_keys=True)  # stable key order
@@ -334,63 +343,15 @@ def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge):
     assert lm["saved_bytes"] == 16 * lm["total"]
 
 
-#: Qwen3-VL-30B-A3B-Instruct's config.json (public model card), text and vision towers at full size.
-QWEN3_VL_30B_A3B = {
-    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
-    "model_type": "qwen3_vl_moe",
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-    "tie_word_embeddings": False,
-    "text_config": {
-        "model_type": "qwen3_vl_moe_text",
-        "attention_bias": False,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "decoder_sparse_step": 1,
-        "dtype": "bfloat16",
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "max_position_embeddings": 262144,
-        "mlp_only_layers": [],
-        "moe_intermediate_size": 768,
-        "norm_topk_prob": True,
-        "num_attention_heads": 32,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "num_hidden_layers": 48,
-        "num_key_value_heads": 4,
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
-        "rope_theta": 5000000,
-        "vocab_size": 151936,
-    },
-    "vision_config": {
-        "model_type": "qwen3_vl_moe",
-        "deepstack_visual_indexes": [8, 16, 24],
-        "depth": 27,
-        "hidden_act": "gelu_pytorch_tanh",
-        "hidden_size": 1152,
-        "in_channels": 3,
-        "intermediate_size": 4304,
-        "num_heads": 16,
-        "num_position_embeddings": 2304,
-        "out_hidden_size": 2048,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-    },
-}
+#: Qwen3-VL-30B-A3B-Instruct's config.json, text and vision towers at full size (where it came from: its SOURCE).
+QWEN3_VL_30B_A3B = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs" / "qwen3_vl_moe" / "config.json"
 
 
 def test_plan_full_size_qwen3_vl_30b_a3b_under_4_gb(tmp_path):
     # No time bound here (timed tests are not allowed): benchmarks/plan.py measures the time.
     folder = tmp_path / "Qwen3-VL-30B-A3B-Instruct"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(QWEN3_VL_30B_A3B))
+    shutil.copy(QWEN3_VL_30B_A3B, folder / "config.json")
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(
             # No MODEL: the family comes from the config (Bridge converts it to Qwen3VLMoEModelProvider).
@@ -565,39 +526,40 @@ def test_check_config_invalid_json_still_reports_on_stdout(configs):
     assert doc["valid"] is False and "requires strategy=megatron" in doc["error"] and doc["selection"] is None
 
 
-def test_plan_shows_lora_adapters_next_to_a_full_rank_projection():
-    out = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model", "--lora-rank", "8",
-              "--lora-target-modules", "linear_qkv", "linear_proj", "--json")
+def test_plan_shows_lora_adapters_next_to_a_full_rank_projection(forked_command):
+    out = forked_command("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model",
+                         "--lora-rank", "8", "--lora-target-modules", "linear_qkv", "linear_proj", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     params = doc["parameters"]
     adapters = {p["name"] for p in params if p.get("adapter")}
-    projection = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
     assert adapters and all(".adapter.linear_" in n for n in adapters)
     assert {p["name"] for p in params if p["trainable"]} == adapters | {p["name"] for p in params
-                                                                      if projection.match(p["name"])}
+                                                                      if QWEN3_PROJECTION.match(p["name"])}
     parts = {p["part"]: p for p in doc["parts"]}
     assert parts["vision_projection"].get("adapters", 0) == 0
     assert parts["language_model"]["adapters"] == parts["language_model"]["trainable"] > 0
     assert doc["total"]["adapters"] == sum(p["numel"] for p in params if p.get("adapter"))
-    text = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model", "--lora-rank", "8",
-               "--lora-target-modules", "linear_qkv", "linear_proj")
+    text = forked_command("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model",
+                          "--lora-rank", "8", "--lora-target-modules", "linear_qkv", "linear_proj")
     assert text.returncode == 0 and "full-rank" in text.stdout and "adapters" in text.stdout
 
 
-def test_plan_refusals_for_lora_and_patterns():
-    overlap = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model", "--lora-rank", "8")
+def test_plan_refusals_for_lora_and_patterns(forked_command):
+    overlap = forked_command("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model",
+                             "--lora-rank", "8")
     assert overlap.returncode == 2 and "vision_model.merger.linear_fc1.weight (wrapped by LoRA" in overlap.stderr
-    nothing = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model",
-                  "--freeze-vision-projection")
+    nothing = forked_command("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--freeze-vision-model",
+                             "--freeze-vision-projection")
     assert nothing.returncode == 2 and "nothing would train" in nothing.stderr
-    typo = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train", r"language_model\.decoder\.layer\.1")
+    typo = forked_command("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train",
+                          r"language_model\.decoder\.layer\.1")
     assert typo.returncode == 2 and "language_model.decoder.layers" in typo.stderr  # the nearest real names
 
 
-def test_plan_train_pattern_adds_exactly_the_patterned_layer():
-    out = run("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train",
-              r"language_model\.decoder\.layers\.1", "--json")
+def test_plan_train_pattern_adds_exactly_the_patterned_layer(forked_command):
+    out = forked_command("plan", "qwen3_vl", "--tiny", "--freeze-language-model", "--train",
+                         r"language_model\.decoder\.layers\.1", "--json")
     assert out.returncode == 0, out.stderr
     lm = [p for p in json.loads(out.stdout)["parameters"] if p["part"] == "language_model"]
     assert {p["name"] for p in lm if p["trainable"]} == {

@@ -1,9 +1,10 @@
 """The plugin on every rank: tensor, pipeline and data parallel layouts, run as 2 processes on the CPU.
 
-One module-scoped run (``tests/unit/_dist_worker.py``, 2 ranks, gloo on 127.0.0.1, a hard timeout,
-stragglers killed) builds the tiny real Qwen3-VL through ``provide_distributed_model`` in several
-layouts, one after another in the same process group, plus error cases; each test below checks one
-layout against expectations computed here from parameter names and sizes (not with the plugin's code).
+One module-scoped run (``tests/unit/_dist_worker.py``, 2 ranks forked from the session's forkserver that imported
+Bridge once, gloo on 127.0.0.1, a hard timeout, stragglers killed) builds the tiny real Qwen3-VL through
+``provide_distributed_model`` in several layouts, one after another in the same process group, plus error cases;
+each test below checks one layout against expectations computed here from parameter names and sizes (not with the
+plugin's code).
 
 Built on the CPU: DP2, TP2 (Qwen3-VL, Qwen2.5-VL), EP2 (Qwen3-VL-MoE), PP2 with tied and untied embeddings, PP2 x VP2
 (Qwen2.5-VL; Qwen3-VL cannot take virtual pipeline in Bridge 0.6.2 on any device, see SCENARIOS).
@@ -21,8 +22,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _family_parts import part_of
+from _shared import PROJECTION_ONLY_FLAGS as PROJECTION_ONLY
+from _shared import QWEN3_PROJECTION, join_or_kill, start_forked
 
 from bridge_freeze_harness.cpu_runtime import free_port
 
@@ -31,13 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 TIMEOUT_S = 240  # the whole run; a hang anywhere fails the module instead of hanging CI
 
-PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
 VISION_ONLY = {"freeze_vision_model": True}
 PATTERNS = {**PROJECTION_ONLY, "train_patterns": [r"language_model\.decoder\.layers\.3"],
             "freeze_patterns": ["vision_model.merger.patch_norm"]}
 
 # Independent of the registry: Qwen3-VL's projection is the merger and the DeepStack mergers.
-QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 
 # Qwen3-VL asserts that its DeepStack layers ([0, 1]) are on the first pipeline stage: PP2 needs 4 layers.
 L4 = {"family": "qwen3_vl", "num_layers": 4}
@@ -75,43 +78,59 @@ SCENARIOS = [
 ]
 
 
-def launch(scenarios: list[dict], out_dir: Path, world: int = WORLD, timeout_s: float = TIMEOUT_S) -> dict:
-    """Run ``world`` worker processes; kill them all at ``timeout_s``. Returns {rank: {scenario: result}}."""
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(world), str(out_dir), json.dumps(scenarios)],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for rank in range(world)
-    ]
-    deadline = time.monotonic() + timeout_s
-    logs, hung = [], []
-    for rank, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hung.append(rank)
-            for other in procs:  # only the processes this function started
-                if other.poll() is None:
-                    other.kill()
-            out, _ = proc.communicate()
-        logs.append(out)
+def launch(scenarios: list[dict], out_dir: Path, world: int = WORLD, timeout_s: float = TIMEOUT_S,
+           forkserver: Any = None) -> dict:
+    """Run ``world`` ranks of the worker; kill them all at ``timeout_s``. Returns {rank: {scenario: result}}.
+
+    The ranks are forked from ``forkserver`` (the session's ``bridge_forkserver``: Bridge imported once) when it is
+    given, else processes of their own (tests/gpu: the real TransformerEngine and CUDA in each)."""
+    port = free_port()
+    logs = [out_dir / f"rank{rank}.log" for rank in range(world)]
+    if forkserver is not None:
+        procs = [start_forked(forkserver, logs[rank], logs[rank], "_dist_worker", "rank_main", rank, world,
+                              str(out_dir), json.dumps(scenarios), port) for rank in range(world)]
+        hung = join_or_kill(procs, timeout_s)
+    else:
+        hung = _launch_processes(scenarios, out_dir, world, timeout_s, port, logs)
     results = {}
     for rank in range(world):
         path = out_dir / f"rank{rank}.json"
         results[rank] = json.loads(path.read_text()) if path.exists() else {}
     results["_hung"] = hung
-    results["_logs"] = logs
+    results["_logs"] = [log.read_text() if log.exists() else "" for log in logs]
     return results
 
 
+def _launch_processes(scenarios: list[dict], out_dir: Path, world: int, timeout_s: float, port: int,
+                      logs: list[Path]) -> list[int]:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    procs = []
+    for rank in range(world):
+        with open(logs[rank], "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKER), str(rank), str(world), str(out_dir), json.dumps(scenarios)],
+                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+            ))
+    deadline = time.monotonic() + timeout_s
+    hung = []
+    for rank, proc in enumerate(procs):
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung.append(rank)
+            for other in procs:  # only the processes this function started
+                if other.poll() is None:
+                    other.kill()
+            proc.wait()
+    return hung
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    results = launch(SCENARIOS, tmp_path_factory.mktemp("dist"))
+def runs(tmp_path_factory, bridge_forkserver):
+    results = launch(SCENARIOS, tmp_path_factory.mktemp("dist"), forkserver=bridge_forkserver)
     tail = "\n".join(log[-3000:] for log in results["_logs"])
     assert not results["_hung"], f"ranks {results['_hung']} hung past {TIMEOUT_S}s and were killed:\n{tail}"
     return results
@@ -127,16 +146,6 @@ def ok(runs, name: str) -> list[dict]:
     return per_rank
 
 
-def part_of(name: str, family: str) -> str:
-    if family == "qwen25_vl":
-        if name.startswith("visual.merger."):
-            return "vision_projection"
-        return "vision_model" if name.startswith("visual.") else "language_model"
-    if QWEN3_PROJECTION.match(name):
-        return "vision_projection"
-    return "vision_model" if name.startswith("vision_model.") else "language_model"
-
-
 def expected_parts(result: dict, family: str, selection: dict) -> dict[str, tuple[int, int, int, int]]:
     """(trainable, total, trainable tensors, total tensors) per part of ONE complete model replica."""
     frozen = {part for part, flag in (("language_model", "freeze_language_model"),
@@ -144,7 +153,7 @@ def expected_parts(result: dict, family: str, selection: dict) -> dict[str, tupl
                                       ("vision_projection", "freeze_vision_projection")) if selection.get(flag)}
     rows: dict[str, list[int]] = {}
     for name, numel in result["numel"].items():
-        part = part_of(name, family)
+        part = part_of(family, name)
         row = rows.setdefault(part, [0, 0, 0, 0])
         row[1] += numel
         row[3] += 1
@@ -162,7 +171,7 @@ def report_parts(report: dict) -> dict[str, tuple[int, int, int, int]]:
 def expected_trainable(names, family: str, selection: dict) -> list[str]:
     frozen = {p for p, f in (("language_model", "freeze_language_model"), ("vision_model", "freeze_vision_model"),
                              ("vision_projection", "freeze_vision_projection")) if selection.get(f)}
-    return sorted(n for n in names if part_of(n, family) not in frozen)
+    return sorted(n for n in names if part_of(family, n) not in frozen)
 
 
 def assert_logged_once_by_rank0(per_rank: list[dict]) -> None:

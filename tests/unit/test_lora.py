@@ -12,7 +12,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from _shared import VLM_FLAGS
+from _shared import QWEN3_PROJECTION, VLM_FLAGS, names, trainable
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
@@ -21,7 +21,7 @@ from bridge_freeze_plugin import FreezeSelection, LoraOverlapError, make_freezab
 FLAGGED = [s for s in FreezeSelection.all_selections() if s.any_set]  # 7: LoRA with no flag is plain LoRA
 
 QWEN3_PARTS = {  # Qwen3-VL: the projection lives inside vision_model
-    "vision_projection": re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\."),
+    "vision_projection": QWEN3_PROJECTION,
     "vision_model": re.compile(r"^vision_model\."),
     "language_model": re.compile(r"^language_model\."),
 }
@@ -32,14 +32,6 @@ MEGATRON_ADAPTER = re.compile(r"\.adapter\.linear_(in|out)\.weight$")
 
 def part_of(name: str, parts: dict[str, re.Pattern[str]]) -> str:
     return next(part for part, rx in parts.items() if rx.match(name.replace(".to_wrap.", ".")))
-
-
-def trainable(chunks) -> set[str]:
-    return {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
-
-
-def names(chunks) -> set[str]:
-    return {n for c in chunks for n, _ in c.named_parameters()}
 
 
 def lora(targets):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 
 import pytest
+from _shared import PROJECTION_ONLY, QWEN3_PROJECTION, trainable
+from _shared import names as all_names
 
 from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model, make_provider
 from bridge_freeze_plugin import (
@@ -21,21 +22,6 @@ from bridge_freeze_plugin import (
     make_freezable,
 )
 from bridge_freeze_plugin.mixins import declared_default
-
-PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
-
-# Independent of the registry: Qwen3-VL's projection is the merger and the DeepStack mergers.
-QWEN3_PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
-
-
-def trainable(chunks):
-    chunks = chunks if isinstance(chunks, list) else [chunks]
-    return {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
-
-
-def all_names(chunks):
-    chunks = chunks if isinstance(chunks, list) else [chunks]
-    return {n for c in chunks for n, _ in c.named_parameters()}
 
 
 def test_projection_only_on_qwen3_vl_leaves_exactly_the_mergers(cpu_bridge):

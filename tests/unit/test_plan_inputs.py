@@ -13,29 +13,8 @@ import pytest
 from bridge_freeze_plugin.cli import main
 
 #: A tiny Qwen3-VL-MoE config.json: text 2 layers x 4 experts, vision depth 2.
-BASE = {
-    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
-    "model_type": "qwen3_vl_moe",
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-    "tie_word_embeddings": False,
-    "text_config": {
-        "model_type": "qwen3_vl_moe_text", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "vocab_size": 128, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 5000000,
-        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        "tie_word_embeddings": False, "dtype": "bfloat16",
-    },
-    "vision_config": {
-        "model_type": "qwen3_vl_moe", "depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
-        "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
-        "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1], "in_channels": 3,
-        "hidden_act": "gelu_pytorch_tanh",
-    },
-}
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_hf_configs" / "qwen3_vl_moe.json"
+BASE = json.loads(TINY_CONFIG.read_text())
 
 
 def _changed(path: str, value: object) -> dict:

@@ -13,18 +13,13 @@
 3. The estimate against activations measured on the CPU for a tiny VLM (every tensor autograd saves during a
    real forward, parameters excluded): the stated error bound of docs/cli.md.
 
-This file is also the plan side's worker: ``python test_plan_per_rank.py OUT.json`` writes plan's per-rank
-figures for the scenarios (a separate process: the fake world replaces this process's own).
+Plan's side runs in a process of its own too (``_dist_worker.plan_main``: the fake world replaces its process group).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,55 +43,24 @@ SCENARIOS = [
 ]
 
 
-def _plan_worker(out: str) -> None:
-    """Plan's per-rank figures for every scenario (run as a script: it replaces the process group)."""
-    import torch
-
-    torch.set_num_threads(1)
-    from bridge_freeze_plugin import planning
-    from bridge_freeze_plugin.selection import FreezeSelection
-
-    results = {}
-    for sc in SCENARIOS:
-        selection = sc["selection"]
-        plan = planning.plan_model(
-            sc["family"],
-            FreezeSelection(freeze_language_model=selection.get("freeze_language_model", False),
-                            train_patterns=tuple(selection.get("train_patterns", ()))),
-            planning.MemoryAssumptions(),
-            tiny=True,
-            layout=planning.Layout(tp=sc["tp"], pp=sc["pp"], ep=sc.get("ep", 1)),
-        )
-        results[sc["name"]] = [r.as_dict() for r in plan.per_rank]
-    Path(out).write_text(json.dumps(results))
-
-
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """Plan (one process) and the real 2-rank gloo builds (two processes), run side by side."""
+def builds(tmp_path_factory, bridge_forkserver):
+    """Plan (one process, its fake-backend world) and the real 2-rank gloo builds (two processes), run side by side,
+    forked from the session's forkserver (Bridge imported once)."""
+    from _shared import join_or_kill, start_forked
+
     from bridge_freeze_harness.cpu_runtime import free_port
 
     out = tmp_path_factory.mktemp("per_rank")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), "2", str(out), json.dumps(SCENARIOS)],
-                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(2)]
-    procs.append(subprocess.Popen([sys.executable, __file__, str(out / "plan.json")], env=env, cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + TIMEOUT_S
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-    finally:
-        for proc in procs:  # only the processes this fixture started
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    tail = "\n".join(log[-3000:] for log in logs)
+    port, scenarios = free_port(), json.dumps(SCENARIOS)
+    logs = [out / f"rank{rank}.log" for rank in range(2)] + [out / "plan.log"]
+    procs = [start_forked(bridge_forkserver, logs[rank], logs[rank], "_dist_worker", "rank_main", rank, 2, str(out),
+                          scenarios, port) for rank in range(2)]
+    procs.append(start_forked(bridge_forkserver, logs[2], logs[2], "_dist_worker", "plan_main",
+                              str(out / "plan.json"), scenarios))
+    hung = join_or_kill(procs, TIMEOUT_S)
+    tail = "\n".join(log.read_text()[-3000:] for log in logs if log.exists())
+    assert not hung, f"processes {hung} (ranks 0, 1, plan) ran past {TIMEOUT_S}s and were killed:\n{tail}"
     assert (out / "plan.json").exists(), f"plan wrote nothing:\n{tail}"
     ranks = {}
     for rank in range(2):
@@ -137,14 +101,10 @@ PER_RANK_KEYS = {"tp", "pp", "ep", "parameters", "trainable", "weight_bytes", "g
                  "language_layers", "vision_layers"}
 
 
-@pytest.mark.slow  # one CLI process (Bridge import + 1 per-rank build): about 20 s on 2 shared cores
-def test_plan_json_lists_every_rank_position_and_the_fit(tmp_path):
-    exe = Path(sys.executable).with_name("bridge-freeze")
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    proc = subprocess.run(
-        [str(exe), "plan", "qwen3_vl_moe", "--tiny", "--tp", "2", "--ep", "2", "--use-distributed-optimizer",
-         "--seq-length", "512", "--gpu-memory", "4MiB", "--json"],
-        capture_output=True, text=True, timeout=300, env={**env, "PYTHONWARNINGS": "ignore"}, cwd=ROOT)
+@pytest.mark.slow  # one CLI process (1 per-rank build): forked from the session's forkserver
+def test_plan_json_lists_every_rank_position_and_the_fit(forked_command):
+    proc = forked_command("plan", "qwen3_vl_moe", "--tiny", "--tp", "2", "--ep", "2", "--use-distributed-optimizer",
+                          "--seq-length", "512", "--gpu-memory", "4MiB", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert doc["layout"]["world_size"] == 4 and doc["layout"]["data_parallel_size"] == 2
@@ -300,7 +260,3 @@ def test_in_flight_micro_batches_follow_1f1b_and_megatrons_interleaving_penalty(
     assert in_flight_micro_batches(4, 0, 2) == pytest.approx(4 * (1 + 3 / 8))
     assert math.isclose(in_flight_micro_batches(1, 0, None), 1)
 
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    _plan_worker(sys.argv[1])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from _shared import QWEN3_PROJECTION
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
@@ -20,8 +22,7 @@ def test_the_lora_with_full_rank_parts_example_runs_and_trains_what_it_says(cpu_
     exec(compile(first_python_block("lora.md"), "docs/lora.md", "exec"), namespace)
     chunks, state = namespace["chunks"], namespace["state"]
     trained = {n for n, p in chunks[0].named_parameters() if p.requires_grad}
-    projection = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
     adapters = {n for n in trained if ".adapter." in n}
-    assert adapters and trained == adapters | {n for n, _ in chunks[0].named_parameters() if projection.match(n)}
+    assert adapters and trained == adapters | {n for n, _ in chunks[0].named_parameters() if QWEN3_PROJECTION.match(n)}
     assert set(state) == {n.replace(".to_wrap.", ".") for n in trained}
     assert "adapters" in capsys.readouterr().out

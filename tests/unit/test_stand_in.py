@@ -4,15 +4,12 @@ exactly those tensors. A second test proves the stand-in's names are the real ti
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from _shared import QWEN3_PROJECTION as PROJECTION
 
 from bridge_freeze_harness.stand_ins import Qwen3VLModelShaped
 from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
-
-PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 
 
 @pytest.mark.slow  # builds and trains a model (seconds): the full suite runs it

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from _shared import QWEN3_PROJECTION
 
 from bridge_freeze_harness import train
 from bridge_freeze_harness.tiny import build_tiny_chunks, build_tiny_model
@@ -16,7 +17,7 @@ from bridge_freeze_plugin import FreezeSelection, make_freezable
 
 # Independent of the registry: the projection of each family, as read off Bridge's model code.
 PROJECTION = {
-    "qwen3_vl": re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)\."),
+    "qwen3_vl": QWEN3_PROJECTION,
     "qwen25_vl": re.compile(r"^visual\.merger\."),
 }
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _shared import PROJECTION_ONLY_FLAGS as PROJECTION_ONLY
 from _shared import VLM_FLAGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,7 +34,6 @@ from bridge_freeze_plugin.validation import (
     validate_sft_config,
 )
 
-PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
 ALL_THREE = dict.fromkeys(VLM_FLAGS, True)
 
 # Where each setting lives, per layout; "{...}" placeholders in expected message words use these.
