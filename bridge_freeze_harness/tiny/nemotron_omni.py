@@ -86,6 +86,28 @@ def _eager(compiled: Any) -> Any:
     return inspect.unwrap(compiled)
 
 
+class EagerActivation:
+    """megatron-core's activation ``name`` un-compiled, as a provider field that pickles (by name: the unwrapped
+    function itself does not, since its qualified name leads to the compiled wrapper)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, x: Any) -> Any:
+        from megatron.core import activations
+
+        return _eager(getattr(activations, self.name))(x)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EagerActivation) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"EagerActivation({self.name!r})"
+
+
 def make_provider(**overrides: Any) -> Any:
     """The tiny Omni provider, sound parts included (``has_sound=False`` drops them)."""
     from megatron.bridge.models.nemotron_omni import nemotron_omni_provider
@@ -101,7 +123,7 @@ def make_provider(**overrides: Any) -> Any:
         **TINY_SOUND_FIELDS,
         hybrid_layer_pattern=TINY_PATTERN,
         language_model_type="nemotron6-moe",
-        activation_func=_eager(nemotron_omni_provider.NemotronOmniModelProvider.activation_func),
+        activation_func=EagerActivation(nemotron_omni_provider.NemotronOmniModelProvider.activation_func.__name__),
         first_last_layers_bf16=False,
         cross_entropy_loss_fusion=False,
     )

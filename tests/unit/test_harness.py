@@ -16,6 +16,7 @@ from bridge_freeze_harness.tiny import _index
 EXPECTED_CONFIGS = {
     "ernie45_vl", "exaone45_vl", "gemma3_vl", "gemma4_vl", "glm45v", "kimi_k25_vl", "minimax_m3_vl",
     "ministral3", "nemotron_vl", "qwen25_vl", "qwen35_vl", "qwen35_vl_moe", "qwen3_vl", "qwen3_vl_moe", "step37",
+    "nemotron_omni", "qwen2_audio", "qwen25_omni", "qwen3_asr", "qwen3_omni",
 }
 
 

@@ -15,6 +15,7 @@ import pickle
 
 import pytest
 import torch
+from _family_parts import parts_of
 
 from bridge_freeze_harness.tiny import TINY_FAMILIES, build_context, build_tiny_chunks, make_provider
 from bridge_freeze_plugin.provider import bridge_class
@@ -52,7 +53,8 @@ def built(request, cpu_bridge):
     import bridge_freeze_plugin as bfp
 
     name = request.param
-    flagged = bfp.make_freezable(make_provider(name), bfp.FreezeSelection(freeze_vision_model=True))
+    encoder = "vision_model" if "vision_model" in parts_of(name) else "audio_model"  # a part the family has
+    flagged = bfp.make_freezable(make_provider(name), bfp.FreezeSelection(**{f"freeze_{encoder}": True}))
     chunks = build_tiny_chunks(name, provider=flagged)
     plain = make_provider(name)
     build_tiny_chunks(name, provider=plain)
