@@ -34,6 +34,8 @@ class PartInfo:
     #: Always holds linear layers (an encoder, a language model), so LoRA with no target list puts adapters there
     #: for certain; a projection may have none (Gemma 3's projector is a weight and a norm).
     linear: bool = False
+    #: A projection into the language model (what a "projection only" run trains).
+    projection: bool = False
 
     @property
     def flag(self) -> str:
@@ -61,9 +63,9 @@ class PartInfo:
 VOCABULARY: tuple[PartInfo, ...] = (
     PartInfo("language_model", "language model", optional=False, assumed=True, linear=True),
     PartInfo("vision_model", "vision encoder", assumed=True, linear=True),
-    PartInfo("vision_projection", "vision projection", assumed=True),
+    PartInfo("vision_projection", "vision projection", assumed=True, projection=True),
     PartInfo("audio_model", "audio encoder", aliases=("freeze_sound_encoder",), linear=True),
-    PartInfo("audio_projection", "audio projection", aliases=("freeze_sound_projection",)),
+    PartInfo("audio_projection", "audio projection", aliases=("freeze_sound_projection",), projection=True),
 )
 
 #: The name of the catch-all part: known modules outside every part (a talker, an MTP head): no flag touches them.

@@ -50,8 +50,19 @@ from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
 
-#: The demo's default selection: the projection trains, the rest is frozen.
-PROJECTION_ONLY = FreezeSelection(freeze_language_model=True, freeze_vision_model=True)
+
+def _family_parts(model: str) -> tuple[Any, ...] | None:
+    """The parts of the family ``model`` names (``None``: not a registered family)."""
+    from bridge_freeze_plugin.registry import REGISTRY
+
+    family = REGISTRY.get_or_none(model)
+    return None if family is None else family.part_names()
+
+
+def projection_only(model: str) -> FreezeSelection:
+    """The demo's default: the family's projections train (every projection it has), every other part is frozen."""
+    parts = FreezeSelection().parts_of(_family_parts(model))
+    return FreezeSelection(**{INFO[p].flag: not INFO[p].projection for p in parts})
 
 #: Bridge's own output (its prints, logs and warnings) goes to this file of the work directory.
 BRIDGE_LOG = "bridge.log"
@@ -117,10 +128,7 @@ def _check_request(model: str, selection: FreezeSelection, lora_rank: int = 0) -
     if reason is not None:
         raise CommandError(f"the demo cannot run {model!r} here: {reason}; families it runs: "
                            f"{', '.join(demo_families())}")
-    from bridge_freeze_plugin.registry import REGISTRY
-
-    family = REGISTRY.get_or_none(model)
-    refuse_nothing_to_train(selection, lora_rank, None if family is None else family.part_names())
+    refuse_nothing_to_train(selection, lora_rank, _family_parts(model))
 
 
 def _workdir(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -166,9 +174,10 @@ def _bridge_output_to(log: Path, level: int) -> Iterator[IO[str]]:
         os.close(saved[1])
 
 
-def _print_table(tensors: list[Any]) -> None:
-    """Per part: exported HF tensors, those fed by a trainable Megatron parameter, those that changed."""
-    listed = {p.value for p in SELECTABLE_PARTS if INFO[p].assumed}
+def _print_table(tensors: list[Any], parts: tuple[Any, ...] | None) -> None:
+    """Per part (the family's, and any a tensor comes from): exported HF tensors, those fed by a trainable Megatron
+    parameter, those that changed."""
+    listed = {p.value for p in FreezeSelection().parts_of(parts)}
     rows: dict[str, list[int]] = {p.value: [0, 0, 0] for p in SELECTABLE_PARTS}
     for t in tensors:
         row = rows.setdefault("other" if t.part is None else ("no-source" if t.part == "none" else t.part), [0, 0, 0])
@@ -213,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             f"the demo needs torch and megatron-bridge ({exc}); run it through 'make demo', which sets them up"
         ) from exc
 
-    selection = with_patterns(selection_from(args, PROJECTION_ONLY), args)
+    selection = with_patterns(selection_from(args, projection_only(args.model)), args)
     _check_request(args.model, selection, args.lora_rank)
     rates = part_learning_rates(args, selection)
     check_lora_options(args)
@@ -268,7 +277,7 @@ def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rat
     out(f"4. bridge.save_hf_pretrained(model): {where(result.export_dir)}")
     out()
     out("exported HF tensors against the input checkpoint, by part (trainable: fed by a trainable parameter)")
-    _print_table(result.tensors)
+    _print_table(result.tensors, _family_parts(args.model))
     out()
     out(f"time: {_seconds(result.seconds, total)}")
     if keep:
@@ -282,6 +291,7 @@ def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rat
     held = sum(t.trainable and not t.expected for t in result.tensors)
     at_zero = f"; {held} trainable at learning rate 0 stayed bit-identical" if held else ""
     lora = f" + LoRA rank {args.lora_rank}, merged" if args.lora_rank else ""
+    asked = selection.describe(_family_parts(args.model))
     out(f"OK: exactly the {changed} HF tensors fed by a parameter training at a learning rate above 0 changed, the "
-        f"other {n - changed} are bit-identical to the input checkpoint ({selection.describe()}{lora}{at_zero})")
+        f"other {n - changed} are bit-identical to the input checkpoint ({asked}{lora}{at_zero})")
     return EXIT_OK
