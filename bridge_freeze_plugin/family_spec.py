@@ -279,7 +279,8 @@ class FamilySpec:
         return {
             "name": self.name,
             "providers": list(self.providers),
-            **{part.value: list(self.prefixes(part)) for part in (*self.part_names(), Part.OTHER)},
+            "parts": [part.value for part in self.part_names()],
+            **{part.value: list(self.prefixes(part)) for part in (*SELECTABLE_PARTS, Part.OTHER)},
             "description": self.description,
             "hf_model_types": list(self.hf_model_types),
             "recompute_note": self.recompute_note,

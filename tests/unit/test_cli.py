@@ -36,7 +36,10 @@ def test_families_json_lists_every_builtin_with_its_prefixes():
         "vision_model.decoder.deepstack_merger_list",
     ]
     assert families["glm45v"]["vision_model"] == ["visual"]
-    assert families["gemma4_vl"]["other"] == ["audio_tower", "embed_audio"]
+    assert families["gemma4_vl"]["audio_model"] == ["audio_tower"]
+    assert families["gemma4_vl"]["audio_projection"] == ["embed_audio"] and families["gemma4_vl"]["other"] == []
+    assert families["qwen2_audio"]["parts"] == ["language_model", "audio_model", "audio_projection"]
+    assert families["qwen3_vl"]["audio_model"] == [] and "audio_model" not in families["qwen3_vl"]["parts"]
 
 
 DOCS_CLI = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -85,7 +88,8 @@ def test_help_of_every_subcommand_has_examples():
 # ---------------------------------------------------------------------------------------------
 
 #: The families the real-loop demo runs here (measured; the others are refused with the reason, below).
-DEMO_FAMILIES = ["exaone45_vl", "gemma3_vl", "qwen25_vl", "qwen35_vl", "qwen35_vl_moe", "qwen3_vl", "qwen3_vl_moe"]
+DEMO_FAMILIES = ["exaone45_vl", "gemma3_vl", "qwen25_vl", "qwen2_audio", "qwen35_vl", "qwen35_vl_moe", "qwen3_vl",
+                 "qwen3_vl_moe"]
 
 # The parts as HF names (transformers' save_pretrained layout), from the parts' definitions (README, "Which parts"),
 # independent of the plugin's classification and of Bridge's mapping tables.
