@@ -6,14 +6,14 @@ registered family it installs, in place, once the class's module is imported:
 
 - ``provide()`` and ``provide_distributed_model()`` wrappers running the plugin's build
   (:mod:`bridge_freeze_plugin.prewrap.pipeline`);
-- the three flags as :class:`~bridge_freeze_plugin.prewrap.flags.FlagField` descriptors, defaulting to
+- the flags (one per part of the vocabulary) as :class:`~bridge_freeze_plugin.prewrap.flags.FlagField` descriptors, defaulting to
   ``False`` (Bridge's ``Qwen3VLMoEModelProvider`` defaults two of them to ``True``); the original
   defaults are remembered and named in the report.
 
 So a provider constructed directly, returned by ``AutoBridge.to_megatron_provider()``, built by a
 recipe, or a user's subclass all behave alike. Every OTHER Bridge provider class (no family covers it)
 gets a guard on ``provide()`` / ``provide_distributed_model()`` once ``megatron.bridge`` is imported: one of
-the three flags set there raises ``UnsupportedFreezeFlagError`` instead of building with every tensor
+a flag set there raises ``UnsupportedFreezeFlagError`` instead of building with every tensor
 trainable. ``deactivate()`` undoes everything, and keeps the autoload
 hook from activating again until ``activate()`` is called. Every record of what was patched lives in
 :data:`bridge_freeze_plugin.state.STATE`.

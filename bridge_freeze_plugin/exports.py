@@ -7,7 +7,7 @@ and ``AutoBridge.export_adapter_ckpt(checkpoint, ...)`` (it rebuilds LoRA from `
 loads adapters only). While the plugin is active, each refuses such a run with
 :class:`~bridge_freeze_plugin.errors.AdapterExportError`, naming the alternative: export the whole model
 (``AutoBridge.save_hf_pretrained`` after merging) or write :func:`~bridge_freeze_plugin.trainable_state_dict`
-(adapters + full-rank parts under checkpoint names). Runs with all three flags set, or plain LoRA, are
+(adapters + full-rank parts under checkpoint names). Runs with every part's flag set, or plain LoRA, are
 untouched.
 """
 

@@ -1,4 +1,4 @@
-"""Train / freeze patterns: regular expressions over model-wide names, applied on top of the three flags.
+"""Train / freeze patterns: regular expressions over model-wide names, applied on top of the flags.
 
 Syntax: a Python regular expression, matched against the WHOLE name (anchored at both ends) of a parameter or
 of a module it belongs to. ``vision_model.merger`` matches ``vision_model.merger.linear_fc1.weight`` (a module
@@ -8,9 +8,9 @@ and 3, and an exact parameter name matches that parameter. Names are the model-w
 see :mod:`bridge_freeze_plugin.prewrap.model_names`). Every pattern is compiled when the selection is made; an
 invalid one raises :class:`InvalidPatternError` naming it.
 
-The rule, in one sentence: a parameter of the three parts trains if a train pattern matches it, else is frozen
+The rule, in one sentence: a parameter of a part trains if a train pattern matches it, else is frozen
 if a freeze pattern matches it, else its part's flag decides. Parameters of ``other`` (and unclassified ones)
-are never touched by a pattern. A pattern that matches no parameter of the three parts in the whole model
+are never touched by a pattern. A pattern that matches no parameter of any part in the whole model
 raises :class:`UnmatchedPatternError` listing the nearest real names (checked model-wide: under pipeline
 parallelism a pattern may match on another stage only).
 """

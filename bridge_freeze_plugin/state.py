@@ -9,10 +9,10 @@ re-created when this module is reloaded (see :func:`_shared_state`).
 What the plugin writes onto Bridge objects, each named and documented:
 
 - on a provider **class** of a registered family: ``provide`` / ``provide_distributed_model`` wrappers
-  (each with ``__bridge_freeze_wrapped__``, the original function) and the three flags as descriptors
+  (each with ``__bridge_freeze_wrapped__``, the original function) and the flags as descriptors
   defaulting to ``False``;
 - on every other Bridge provider class: ``provide`` / ``provide_distributed_model`` guards (each with
-  ``__bridge_freeze_guarded__``) that raise when one of the three flags is set, since no family covers it;
+  ``__bridge_freeze_guarded__``) that raise when a flag is set, since no family covers it;
 - on a **parameter**: ``bridge_freeze_part``, its part's name (Megatron's own convention for parameter
   marks, like ``allreduce`` or ``is_embedding_or_output_parameter``; ``state_dict()``, ``sharded_state_dict()``
   and exports carry tensors, never these attributes).

@@ -2,7 +2,7 @@
 
 Each public function reads (:mod:`bridge_freeze_plugin.config`: YAML and overrides, layouts, reading), then checks
 (:mod:`bridge_freeze_plugin.rules`). The rules: a flag needs strategy ``megatron``; a language-model-only
-run has no vision part; all three frozen needs LoRA; LoRA with a partial selection is refused; no flag
+run has no vision part; every part frozen needs LoRA; LoRA with a partial selection is refused; no flag
 under the reference model; a flag on a provider no family covers; full recompute on a family whose
 projection loses gradient under it; flags that are real booleans, and no unknown freeze key. See
 ``docs/configuration.md`` for the layouts.

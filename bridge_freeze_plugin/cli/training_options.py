@@ -1,4 +1,4 @@
-"""The training options ``demo`` (and ``plan``, where they apply) take on top of the three flags.
+"""The training options ``demo`` (and ``plan``, where they apply) take on top of the flags.
 
 - ``--train PATTERN...`` / ``--freeze PATTERN...``: patterns refining the flags (``FreezeSelection``);
 - ``--lora-rank N`` (0: off) and ``--lora-target-modules NAME...`` (Bridge's LoRA defaults when not given):

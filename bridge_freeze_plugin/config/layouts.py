@@ -44,7 +44,7 @@ class OwnSetting:
     by: str
     #: the part inside which it freezes some tensors through a pre-wrap hook (the build reports it per part)
     narrows: Part | None = None
-    #: it freezes modules outside the plugin's three parts (audio, sound, MTP...)
+    #: it freezes modules outside the plugin's parts (MTP, MIMO's modality parts...)
     outside: bool = False
     #: it is a pre-wrap hook that freezes whole parts named like the plugin's flags (NeMo-RL's freeze_config)
     freezes_parts: bool = False
@@ -117,7 +117,7 @@ class Layout:
     #: the model path may be a hub id: map its name to a family, said to be a guess
     family_from_name: bool = False
     #: a flag the config does not write keeps the model provider's own default (NeMo-RL passes only what is
-    #: written); otherwise it is false (the trainer writes all three)
+    #: written); otherwise it is false (the trainer writes every flag)
     unwritten_flags_keep_provider_default: bool = False
     reference_flags: str | None = None
     #: ((section, what), ...): components that never train; a plugin key anywhere below them is refused

@@ -207,7 +207,7 @@ def check_model(model: Any, rates: PartLearningRates) -> frozenset[int]:
     adapters = adapter_ids(model)
     if rates.get(ADAPTERS) is not None and not adapters:
         raise PartLearningRateError(
-            "lr_adapters is set, but the model has no LoRA adapter (no trainable parameter outside the three "
+            "lr_adapters is set, but the model has no LoRA adapter (no trainable parameter outside the "
             "parts): turn LoRA on (cfg.peft) or remove lr_adapters"
         )
     return adapters

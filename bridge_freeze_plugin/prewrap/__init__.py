@@ -6,7 +6,7 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 - :mod:`.context`: the :class:`~.context.BuildContext`, computed once per build (family, selection, labels);
 - :mod:`.pipeline`: ``provide()`` / ``provide_distributed_model()`` with the selection applied, per call and
   per thread;
-- :mod:`.flags`: the three flags as descriptors, read as ``False`` by Bridge's own ``provide()`` during a build;
+- :mod:`.flags`: the flags as descriptors, read as ``False`` by Bridge's own ``provide()`` during a build;
 - :mod:`.classify`: which part each parameter belongs to, by identity (wrappers and renames do not hide it);
 - :mod:`.freeze`: the freeze itself (``requires_grad`` by part);
 - :mod:`.model_names`: model-wide parameter names under pipeline / expert parallelism (what patterns match);

@@ -32,7 +32,7 @@ PART_ATTR = "bridge_freeze_part"
 
 
 def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Classifier]:
-    """Freeze what ``context.selection`` asks for, make the rest of the three parts trainable.
+    """Freeze what ``context.selection`` asks for, make the family's other parts trainable.
 
     Every parameter of a frozen part gets ``requires_grad=False``; every parameter of a trained part gets
     ``requires_grad=True`` (so whatever ran before, what trains is exactly what was asked). Parameters

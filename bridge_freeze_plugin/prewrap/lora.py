@@ -1,8 +1,8 @@
 """LoRA with full-rank parts: adapters where LoRA puts them, full-rank training where the flags say.
 
-With LoRA on, the three flags say which parts train at FULL RANK next to the adapters: a part whose flag
-is false trains at full rank, a part whose flag is true is frozen except for the adapters inside it (all
-three set: adapters only). No flag set is plain LoRA, left to LoRA (adapters only): a full fine-tune
+With LoRA on, the flags say which parts train at FULL RANK next to the adapters: a part whose flag
+is false trains at full rank, a part whose flag is true is frozen except for the adapters inside it (every
+part's flag set: adapters only). No flag set is plain LoRA, left to LoRA (adapters only): a full fine-tune
 plus adapters would give the adapters nothing to learn that the full-rank weights do not.
 
 Bridge's PEFT hook freezes the WHOLE model, then adds adapters, then (in Bridge's ``setup()``) records
