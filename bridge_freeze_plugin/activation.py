@@ -6,7 +6,8 @@ registered family it installs, in place, once the class's module is imported:
 
 - ``provide()`` and ``provide_distributed_model()`` wrappers running the plugin's build
   (:mod:`bridge_freeze_plugin.prewrap.pipeline`);
-- the flags (one per part of the vocabulary) as :class:`~bridge_freeze_plugin.prewrap.flags.FlagField` descriptors, defaulting to
+- the flags (one per part of the vocabulary) as :class:`~bridge_freeze_plugin.prewrap.flags.FlagField`
+  descriptors, defaulting to
   ``False`` (Bridge's ``Qwen3VLMoEModelProvider`` defaults two of them to ``True``); the original
   defaults are remembered and named in the report.
 
