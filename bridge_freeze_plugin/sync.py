@@ -131,7 +131,12 @@ def trainable_conversion_tasks(
     marks = _any_rank(dist, device, group, marks)
     links = _linked_tasks(tasks)
     for _ in range(_MAX_ROUNDS):
-        closed = [marks[i] or any(marks[j] for j in links[i]) for i in range(len(tasks))]
+        # links[i] is one shared set per group: decide each group once (a 235B MoE: 25,000 tasks in groups of 128)
+        group_marked: dict[int, bool] = {}
+        for members in links:
+            if id(members) not in group_marked:
+                group_marked[id(members)] = any(marks[j] for j in members)
+        closed = [marks[i] or group_marked[id(links[i])] for i in range(len(tasks))]
         closed = _any_rank(dist, device, group, closed)
         if closed == marks:
             break
@@ -233,7 +238,8 @@ def _hf_names(task: Any) -> set[str]:
 
 
 def _linked_tasks(tasks: Sequence[Any]) -> list[set[int]]:
-    """For each task position, the positions of the tasks that share an HF tensor name with it (transitively)."""
+    """For each task position, the positions of the tasks that share an HF tensor name with it (transitively);
+    the positions of one group share one set object."""
     parent = list(range(len(tasks)))
 
     def root(i: int) -> int:
