@@ -10,17 +10,36 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _shared import join_or_kill, preloaded_forkserver, start_forked, stop_forkserver
 
+_SERVER: dict[str, Any] = {}
+
+
+def _start_server() -> Any:
+    if "ctx" not in _SERVER:
+        _SERVER["ctx"] = preloaded_forkserver("_bridge_preload", "_shared")
+    return _SERVER["ctx"]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the server as soon as a selected test will use it: its Bridge import (about 15 CPU-seconds) then runs
+    on the other core while the tests before it run."""
+    if any("bridge_forkserver" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_server()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _SERVER.pop("ctx", None) is not None:
+        stop_forkserver()
+
 
 @pytest.fixture(scope="session")
 def bridge_forkserver():
-    """The forkserver context; its server (Bridge imported) starts with the first process and stops at the end."""
-    ctx = preloaded_forkserver("_bridge_preload", "_shared")
-    yield ctx
-    stop_forkserver()
+    """The forkserver context (its server started at the end of collection, or now); stopped at the session's end."""
+    return _start_server()
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _shared import QWEN3_PROJECTION
@@ -41,22 +43,50 @@ FRESH = textwrap.dedent(
 )
 
 
-def run_fresh(env_extra: dict[str, str]) -> dict:
+def _start_fresh(env_extra: dict[str, str]) -> tuple[subprocess.Popen[str], Any, Any]:
+    """FRESH in a new interpreter, its output in files (a full pipe would stall it while the other one is read)."""
     env = {k: v for k, v in os.environ.items() if k != "BRIDGE_FREEZE_DISABLE_AUTOLOAD"}
     env.update({"HF_HUB_OFFLINE": "1", **env_extra})
-    out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, env=env, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    return subprocess.Popen([sys.executable, "-c", FRESH], stdout=out, stderr=err, text=True, env=env), out, err
 
 
-def test_installed_plugin_activates_in_a_process_that_only_imports_megatron_bridge():
-    result = run_fresh({})
+@pytest.fixture(scope="module")
+def fresh():
+    """``fresh(name)``: what FRESH printed in a fresh interpreter, with the plugin's autoload (``"autoload"``) or
+    opted out (``"opted_out"``). Both interpreters start together, on first use (each imports Bridge: side by side
+    on two cores)."""
+    procs = {"autoload": _start_fresh({}), "opted_out": _start_fresh({"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1"})}
+
+    def result(name: str) -> dict:
+        proc, out, err = procs[name]
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        assert proc.returncode == 0, err.read()[-3000:]
+        return json.loads(out.read().strip().splitlines()[-1])
+
+    yield result
+    for proc, out, err in procs.values():  # only the processes this fixture started
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+
+
+def test_installed_plugin_activates_in_a_process_that_only_imports_megatron_bridge(fresh):
+    result = fresh("autoload")
     assert result["loaded"] is True
     assert result["trainable"] == result["all"]  # the MoE provider's freeze-by-default no longer leaks
 
 
-def test_opt_out_variable_leaves_bridge_alone():
-    result = run_fresh({"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1"})
+def test_opt_out_variable_leaves_bridge_alone(fresh):
+    result = fresh("opted_out")
     assert result["loaded"] is False
     # Bridge's own default: only the projection trains.
     assert result["trainable"] == sorted(n for n in result["all"] if QWEN3_PROJECTION.match(n))
