@@ -267,9 +267,12 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
     except Exception as exc:  # Bridge's export of this model on the meta device: one readable line
         from bridge_freeze_plugin.planning.model_choice import error_line
 
+        config_only = getattr(getattr(bridge.hf_pretrained, "state", None), "source", None) is None
+        why = (" (Bridge had the config only: transformers has no model class for it that lists the checkpoint's "
+               "tensors)") if config_only else ""
         raise PlanError(
             f"sizing the weight sync of {type(chunks[0]).__name__} ({_describe(bridge)}) with Megatron-Bridge's "
-            f"export on the meta device failed: {error_line(exc)}; the other plan figures do not depend on it"
+            f"export on the meta device failed{why}: {error_line(exc)}; the other plan figures do not depend on it"
         ) from exc
     result = SyncBytes(
         dtype=str(weight_dtype).removeprefix("torch."),
