@@ -217,10 +217,14 @@ class FamilySpec:
                     f"family {self.name!r}: parts names {key!r}, which is not a part; the parts are "
                     f"{', '.join(p.value for p in SELECTABLE_PARTS)} (and other=... for modules no flag touches)")
             part = Part(str(key))
-            if part.value in _KEYWORD_PARTS and getattr(self, part.value):
-                raise FamilyRegistrationError(
-                    f"family {self.name!r}: {part.value} is given both as a keyword and in parts=; give it once")
             table[part] = _string_tuple(self.name, f"parts[{part.value!r}]", prefixes)
+            # The same prefixes both ways is one table given twice (what dataclasses.replace() passes
+            # back in, since the merged table is kept in ``parts``); different ones are a conflict.
+            keyword = getattr(self, part.value) if part.value in _KEYWORD_PARTS else ()
+            if keyword and keyword != table[part]:
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: {part.value} is given both as a keyword {list(keyword)} and in "
+                    f"parts= {list(table[part])}; give it once")
         for name in _KEYWORD_PARTS:
             if getattr(self, name):
                 table[Part(name)] = getattr(self, name)

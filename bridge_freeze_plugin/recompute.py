@@ -33,7 +33,7 @@ def affected_parts(family: FamilySpec | None, selection: FreezeSelection) -> lis
         return []
     if selection.train_patterns:  # a train pattern may make any part (partly) train
         return list(family.full_recompute_affects)
-    return [p for p in family.full_recompute_affects if Part(p) in selection.trained_parts()]
+    return [p for p in family.full_recompute_affects if Part(p) in selection.trained_parts(family.part_names())]
 
 
 def full_recompute_adjustment(

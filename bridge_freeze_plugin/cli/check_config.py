@@ -101,7 +101,7 @@ def _parts(selection: FreezeSelection, family: Any = None,
     for part in parts:
         if part in frozen_by_hooks:
             frozen.append(part.value)
-        elif part in selection.trained_parts():
+        elif part in selection.trained_parts(parts):
             if selection.freeze_patterns:
                 per_tensor[part.value] = "trains, less the tensors a freeze pattern matches"
             else:

@@ -10,29 +10,32 @@ kind, muP, warm-up).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.optim.overrides import part_lr_overrides
-from bridge_freeze_plugin.optim.settings import PartLearningRates
+from bridge_freeze_plugin.optim.settings import LR_KEYS, PartLearningRates
 
 if TYPE_CHECKING:
     from megatron.core.optimizer.optimizer_config import ParamKey
     from megatron.core.optimizer_param_scheduler import ParamGroupOverride
 
 
-@dataclass
-class PartLROverrideProvider:
-    """Per-part learning rates for Bridge's optimizer (unset: the part follows the global schedule)."""
+def _with_lr_fields(cls: type) -> type:
+    """One ``float | None`` field per learning-rate key (``lr_<part>``, ``min_lr_<part>``; every part of the
+    vocabulary and the adapters), default ``None``."""
+    cls.__annotations__ = {**dict.fromkeys(LR_KEYS, "float | None"), **inspect.get_annotations(cls)}
+    for key in LR_KEYS:
+        setattr(cls, key, None)
+    return cls
 
-    lr_language_model: float | None = None
-    min_lr_language_model: float | None = None
-    lr_vision_model: float | None = None
-    min_lr_vision_model: float | None = None
-    lr_vision_projection: float | None = None
-    min_lr_vision_projection: float | None = None
-    lr_adapters: float | None = None
-    min_lr_adapters: float | None = None
+
+@dataclass
+@_with_lr_fields
+class PartLROverrideProvider:
+    """Per-part learning rates for Bridge's optimizer (unset: the part follows the global schedule): a field
+    ``lr_<part>`` / ``min_lr_<part>`` per part (``lr_vision_projection``, ``lr_audio_model``...) and the adapters."""
 
     def __post_init__(self) -> None:
         self.rates()  # a malformed value fails here, when the config is made

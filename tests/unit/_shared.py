@@ -105,6 +105,12 @@ def call_in_files(stdout: str, stderr: str, module: str, function: str, *args: A
     except BaseException:  # noqa: BLE001  (as a console script: the traceback on stderr, status 1)
         traceback.print_exc()
     finally:
+        # What an interpreter's exit runs (a forked process skips it): without it, what the command left for
+        # exit outlives it, e.g. the Manager process megatron-core's torch_dist checkpoint save starts (spawned,
+        # shut down at exit), which then holds the test's output pipe open after pytest ends.
+        import atexit
+
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

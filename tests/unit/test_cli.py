@@ -98,6 +98,12 @@ QWEN3_PARTS = {
     "vision_model": r"^model\.visual\.(?!merger\.|deepstack_merger_list\.)",
     "vision_projection": r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\.",
 }
+QWEN2_AUDIO_PARTS = {  # the published layout; the fixed position table is built frozen: no part
+    "language_model": r"^language_model\.",
+    "audio_model": r"^audio_tower\.(?!embed_positions\.)",
+    "audio_projection": r"^multi_modal_projector\.",
+    "other": r"^audio_tower\.embed_positions\.",
+}
 QWEN25_PARTS = {  # the legacy layout: no "model." before visual.
     "language_model": r"^(model\.|lm_head\.)",
     "vision_model": r"^visual\.(?!merger\.)",
@@ -158,8 +164,9 @@ def _expected_table(names, parts: dict[str, str], trainable: set[str], changed: 
         ((), QWEN3_PARTS, ("vision_projection",), "train vision_projection"),
         (("qwen25_vl", "--freeze-vision-model"), QWEN25_PARTS, ("language_model", "vision_projection"),
          "train language_model + vision_projection"),
+        (("qwen2_audio",), QWEN2_AUDIO_PARTS, ("audio_projection",), "train audio_projection"),
     ],
-    ids=["qwen3_vl-default", "qwen25_vl-freeze-vision"],
+    ids=["qwen3_vl-default", "qwen25_vl-freeze-vision", "qwen2_audio-default"],
 )
 def test_demo_runs_the_real_flow_and_proves_it_from_the_export(forked_command, tmp_path, args, parts, trains,
                                                                 described):

@@ -410,8 +410,10 @@ EXAMPLES = {
     SFT_VLM: ("dtensor", "qwen25_vl", ALL_TRAIN, PARTS, False),
     CLEVR: ("megatron", "qwen25_vl", ALL_TRAIN, PARTS, True),
     QWEN35: ("megatron", "qwen35_vl", ALL_TRAIN, PARTS, True),
-    OMNI: ("megatron", "nemotron_omni", {**ALL_TRAIN, "freeze_vision_model": True, "freeze_vision_projection": True},
-           ["language_model"], True),
+    # Nemotron Omni also has a sound encoder and projection: the example freezes neither, so both train.
+    OMNI: ("megatron", "nemotron_omni", {**ALL_TRAIN, "freeze_vision_model": True, "freeze_vision_projection": True,
+                                          "freeze_audio_model": False, "freeze_audio_projection": False},
+           ["language_model", "audio_model", "audio_projection"], True),
 }
 
 
@@ -464,7 +466,8 @@ def test_each_example_reads_right_with_flag_overrides(capsys, name):
     assert doc["valid"], doc["error"]
     assert doc["selection"]["freeze_language_model"] and doc["selection"]["freeze_vision_model"]
     assert doc["settings"][f"{MO}.freeze_language_model"]["source"].startswith("override")
-    assert doc["trained_parts"] == ["vision_projection"]
+    audio = ["audio_model", "audio_projection"] if EXAMPLES[name][1] == "nemotron_omni" else []  # no audio flag given
+    assert doc["trained_parts"] == ["vision_projection", *audio]
 
 
 @pytest.mark.parametrize("entry", BY_NEMO_RL["overrides"], ids=lambda e: " ".join(e["overrides"]))

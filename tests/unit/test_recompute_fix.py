@@ -126,3 +126,16 @@ def test_other_recompute_settings_on_qwen3_vl(references, fields, broken):
     fixed, batch = _build("qwen3_vl", through_plugin=FreezeSelection(), **fields)
     assert fixed.vision_model.config.recompute_granularity == (None if broken else fields["recompute_granularity"])
     assert not _disagreeing(_gradients(fixed, batch, "qwen3_vl"), reference)
+
+
+def test_an_affected_part_beyond_the_vision_three_counts_when_it_trains():
+    """A family whose audio encoder full recompute gets wrong: the default selection trains it (no flag set), so
+    it is affected; its flag set, it is not."""
+    from bridge_freeze_plugin import FamilySpec
+    from bridge_freeze_plugin.recompute import affected_parts
+
+    family = FamilySpec(name="toy_audio", providers=("toy.module:ToyProvider",), language_model=("lm",),
+                        parts={"audio_model": ("audio",)}, no_full_recompute=("audio.config",),
+                        full_recompute_affects=("audio_model",))
+    assert affected_parts(family, FreezeSelection()) == ["audio_model"]
+    assert affected_parts(family, FreezeSelection(freeze_audio_model=True)) == []

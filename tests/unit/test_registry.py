@@ -75,7 +75,7 @@ def test_unregister_frees_name_and_provider():
         ({"language_model": []}, "no module prefix for language_model"),
         ({"vision_model": [], "vision_projection": []}, "no module prefix for any part besides the language model"),
         ({"parts": {"sound_model": ["x"]}}, "parts names 'sound_model', which is not a part"),
-        ({"parts": {"vision_model": ["x"]}}, "vision_model is given both as a keyword and in parts="),
+        ({"parts": {"vision_model": ["x"]}}, r"vision_model is given both as a keyword \[.vis.\] and in parts="),
         ({"language_model": "lm"}, "must be a list of strings"),
         ({"vision_model": ["vis."]}, "bad prefix"),
         ({"vision_model": ["lm"]}, "listed under both language_model and vision_model"),
@@ -84,6 +84,20 @@ def test_unregister_frees_name_and_provider():
 def test_malformed_specs_are_refused(kwargs, message):
     with pytest.raises(FamilyRegistrationError, match=message):
         _spec(**kwargs)
+
+
+def test_a_copy_of_a_spec_is_the_same_spec():
+    """dataclasses.replace (how an entry point's family gets its source) passes the merged table back in."""
+    import dataclasses
+
+    spec = _spec(parts={"audio_model": ["aud"]})
+    copy = dataclasses.replace(spec, source="acme-vlm")
+    assert copy.source == "acme-vlm"
+    assert {p.value: list(copy.prefixes(p)) for p in copy.part_names()} == {
+        "language_model": ["lm"], "vision_model": ["vis"], "vision_projection": ["vis.proj"], "audio_model": ["aud"],
+    }
+    with pytest.raises(FamilyRegistrationError, match=r"given both as a keyword \['vis'\] and in parts= \['v2'\]"):
+        _spec(parts={"vision_model": ["v2"]})
 
 
 def test_most_specific_prefix_wins():
