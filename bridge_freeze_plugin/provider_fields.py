@@ -2,7 +2,7 @@
 
 The plugin reads from a provider every flag of the vocabulary (:mod:`.parts`; Bridge's own fields where Bridge
 declares them: the vision-language flags on a VLM provider, ``freeze_audio_model`` on Qwen2-Audio...) and
-:data:`PLUGIN_FIELDS`: the train / freeze patterns and ``vision_recompute_policy``. A flag the class does not
+:data:`PLUGIN_FIELDS`: the train / freeze patterns and ``full_recompute_policy``. A flag the class does not
 declare is added as a field too (:data:`FLAG_FIELDS`; its class attribute, the flag descriptor, is left alone).
 Whatever it reads must round-trip through everything Bridge
 does with a provider: ``dataclasses.fields`` / ``asdict`` / ``replace``, ``ConfigContainer.to_cfg_dict`` ->
@@ -32,7 +32,10 @@ class PluginFields:
     train_patterns: tuple[str, ...] = ()
     freeze_patterns: tuple[str, ...] = ()
     #: what a full activation recompute that breaks gradients on this family gets: "fix" or "refuse"
-    vision_recompute_policy: str = "fix"
+    full_recompute_policy: str = "fix"
+    #: its former name (it also covers Ernie's language model, not only vision towers): still read, ``None``
+    #: unset; a run_config.yaml written before the rename has it
+    vision_recompute_policy: str | None = None
 
 
 #: name -> the dataclass Field (shared, never mutated) and its default.

@@ -65,7 +65,7 @@ def full_recompute_adjustment(
         f"{family.recompute_note or 'full recompute gives wrong gradients'}: when the model is built, the plugin "
         f"turns full recompute off in {', '.join(family.no_full_recompute)} only (the rest keeps it; more activation "
         f"memory there). To avoid the adjustment, turn full recompute off or use selective recompute, or freeze "
-        f"those parts ({freeze}) if they need not train; to refuse instead, set vision_recompute_policy='refuse' "
+        f"those parts ({freeze}) if they need not train; to refuse instead, set full_recompute_policy='refuse' "
         f"on the provider."
     )
     if warn:

@@ -45,7 +45,9 @@ class FreezableVLMProvider:
     train_patterns: tuple[str, ...] = ()
     freeze_patterns: tuple[str, ...] = ()
     #: full recompute where it breaks gradients: "fix" (turned off there) or "refuse" (see prewrap.recompute_fix)
-    vision_recompute_policy: str = "fix"
+    full_recompute_policy: str = "fix"
+    #: the former name of ``full_recompute_policy`` (still read; ``None``: unset)
+    vision_recompute_policy: str | None = None
 
     @property
     def freeze_selection(self) -> FreezeSelection:

@@ -67,7 +67,7 @@ def check_recompute(provider: Any, context: BuildContext) -> BuildContext:
     """Full recompute with a training vision side, before any model is built: fix it, or refuse it.
 
     With the default policy the returned context turns recompute off in the family's vision modules after
-    the build (and says so in the report); with ``vision_recompute_policy = "refuse"`` a flag set is an
+    the build (and says so in the report); with ``full_recompute_policy = "refuse"`` a flag set is an
     error here, and no flag set a warning once per provider.
     """
     granularity = getattr(provider, "recompute_granularity", None)

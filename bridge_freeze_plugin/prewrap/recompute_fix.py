@@ -9,7 +9,7 @@ report says so in one line. The decision is made twice: before the build from th
 again at the end of the pre-wrap hooks from what actually trains (LoRA adapters inside a frozen vision
 tower train too, and so need the fix: :func:`trains_affected`).
 
-A user who prefers the old behaviour sets ``vision_recompute_policy = "refuse"`` on the provider: a flag
+A user who prefers the old behaviour sets ``full_recompute_policy = "refuse"`` on the provider: a flag
 set with an affected part training under full recompute is then an error before any build.
 Selective recompute checkpoints inside attention only: left as it is.
 """
@@ -34,19 +34,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger("bridge_freeze_plugin")
 
 #: Provider attribute choosing what happens: "fix" (default) or "refuse".
-POLICY_ATTR = "vision_recompute_policy"
+POLICY_ATTR = "full_recompute_policy"
+#: Its former name, still read (it also covers Ernie's language model, not only vision towers).
+FORMER_POLICY_ATTR = "vision_recompute_policy"
 POLICIES = ("fix", "refuse")
 _RECOMPUTE_FIELDS = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
 
 
 def policy_of(provider: Any) -> str:
-    policy = getattr(provider, POLICY_ATTR, "fix")
-    if policy not in POLICIES:
-        raise InvalidFreezeConfigError(
-            f"{POLICY_ATTR}={policy!r} on {type(provider).__name__}: it must be one of {', '.join(POLICIES)} "
-            f"('fix' turns full recompute off in the vision tower only; 'refuse' makes it an error)"
-        )
-    return str(policy)
+    """The provider's policy. Under the former name too: "refuse" under either name refuses (a value that is
+    "fix" cannot be told from the default, so "refuse", the explicit choice, wins)."""
+    given = {attr: getattr(provider, attr, None) for attr in (POLICY_ATTR, FORMER_POLICY_ATTR)}
+    for attr, policy in given.items():
+        if policy is not None and policy not in POLICIES:
+            raise InvalidFreezeConfigError(
+                f"{attr}={policy!r} on {type(provider).__name__}: it must be one of {', '.join(POLICIES)} "
+                f"('fix' turns full recompute off only where it breaks gradients; 'refuse' makes it an error)"
+            )
+    return "refuse" if "refuse" in given.values() else "fix"
 
 
 def needs_fix(family: FamilySpec | None, selection: FreezeSelection, recompute_granularity: Any) -> bool:

@@ -249,7 +249,7 @@ def test_the_refuse_policy_raises_before_building(cpu_bridge, mocker):
 
     for selection in (FreezeSelection(freeze_vision_model=True), FreezeSelection(freeze_vision_projection=True)):
         provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), selection)
-        provider.vision_recompute_policy = "refuse"
+        provider.full_recompute_policy = "refuse"
         provider.hf_model_id = "Qwen/Qwen3-VL-4B-Instruct"
         build = mocker.spy(Qwen3VLModelProvider, "provide")
         for call in (provider.provide, lambda p=provider: build_tiny_chunks("qwen3_vl", provider=p)):
@@ -258,7 +258,7 @@ def test_the_refuse_policy_raises_before_building(cpu_bridge, mocker):
             message = str(err.value)
             for word in (selection.set_flags()[0] + "=True", "Qwen3VLModelProvider", "Qwen/Qwen3-VL-4B-Instruct",
                          "recompute_granularity=full", "DeepStack", "recompute_granularity=None",
-                         "freeze_vision_projection=True", "vision_recompute_policy"):
+                         "freeze_vision_projection=True", "full_recompute_policy"):
                 assert word in message, (word, message)
         assert build.call_count == 0
         mocker.stopall()
@@ -267,7 +267,7 @@ def test_the_refuse_policy_raises_before_building(cpu_bridge, mocker):
 def test_the_refuse_policy_with_no_flag_only_warns_once(cpu_bridge, caplog):
     caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
     provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE))
-    provider.vision_recompute_policy = "refuse"
+    provider.full_recompute_policy = "refuse"
     model = build_tiny_model("qwen3_vl", provider=provider)
     assert trainable(model) == all_names(model)  # installing the plugin never breaks such a run
     assert _recompute(model.vision_model.config) == ("full", "uniform", 1)  # refused means: not changed
@@ -281,8 +281,23 @@ def test_an_unknown_recompute_policy_is_refused(cpu_bridge):
     from bridge_freeze_plugin import InvalidFreezeConfigError
 
     provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE))
-    provider.vision_recompute_policy = "ignore"
-    with pytest.raises(InvalidFreezeConfigError, match="vision_recompute_policy='ignore'"):
+    provider.full_recompute_policy = "ignore"
+    with pytest.raises(InvalidFreezeConfigError, match="full_recompute_policy='ignore'"):
+        provider.provide(True, True)
+
+
+def test_the_former_policy_name_is_still_read(cpu_bridge):
+    """``vision_recompute_policy`` (before the rename; a run_config.yaml written then has it): "refuse" under it
+    refuses, and a bad value under it is named."""
+    from bridge_freeze_plugin import InvalidFreezeConfigError
+
+    provider = make_freezable(make_provider("qwen3_vl", **FULL_RECOMPUTE), FreezeSelection(freeze_vision_model=True))
+    assert (provider.full_recompute_policy, provider.vision_recompute_policy) == ("fix", None)
+    provider.vision_recompute_policy = "refuse"
+    with pytest.raises(InvalidFreezeConfigError, match="full_recompute_policy='refuse'"):
+        provider.provide(True, True)
+    provider.vision_recompute_policy = "sometimes"
+    with pytest.raises(InvalidFreezeConfigError, match="vision_recompute_policy='sometimes'"):
         provider.provide(True, True)
 
 

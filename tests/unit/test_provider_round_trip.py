@@ -1,7 +1,7 @@
 """Everything the plugin reads from a provider round-trips through Bridge's ``run_config.yaml`` (issue 22 item 10).
 
 The plugin reads the three flags (Bridge's own fields), the train / freeze patterns and
-``vision_recompute_policy``. On a PLAINLY imported provider (no ``make_freezable``), the patterns used to be
+``full_recompute_policy``. On a PLAINLY imported provider (no ``make_freezable``), the patterns used to be
 plain attributes: Bridge's ``to_cfg_dict`` walks ``dataclasses.fields`` only, so a resumed run silently
 trained another set. Now they are fields of every patched class. A ``run_config.yaml`` written with the
 plugin also loads without it (Bridge's lenient ``instantiate`` drops the keys, with a warning).
@@ -39,7 +39,7 @@ def test_every_plain_provider_has_the_plugin_fields(cpu_bridge, name):
     provider = make_provider(name)
     names = {f.name for f in dataclasses.fields(provider)}
     assert set(PLUGIN_FIELDS) <= names
-    assert (provider.train_patterns, provider.freeze_patterns, provider.vision_recompute_policy) == ((), (), "fix")
+    assert (provider.train_patterns, provider.freeze_patterns, provider.full_recompute_policy) == ((), (), "fix")
 
 
 def test_patterns_and_policy_on_a_plain_provider_survive_run_config(cpu_bridge):
@@ -49,11 +49,11 @@ def test_patterns_and_policy_on_a_plain_provider_survive_run_config(cpu_bridge):
     provider.freeze_language_model = True
     provider.freeze_vision_model = True
     provider.train_patterns = [layer_1]
-    provider.vision_recompute_policy = "refuse"
+    provider.full_recompute_policy = "refuse"
     as_dict, _, loaded = _round_trip(provider)
-    assert as_dict["train_patterns"] == [layer_1] and as_dict["vision_recompute_policy"] == "refuse"
+    assert as_dict["train_patterns"] == [layer_1] and as_dict["full_recompute_policy"] == "refuse"
     assert type(loaded) is type(provider)
-    assert list(loaded.train_patterns) == [layer_1] and loaded.vision_recompute_policy == "refuse"
+    assert list(loaded.train_patterns) == [layer_1] and loaded.full_recompute_policy == "refuse"
     trained = {n for c in build_tiny_chunks("qwen3_vl", provider=loaded) for n, p in c.named_parameters()
                if p.requires_grad}
     names = {n for c in build_tiny_chunks("qwen3_vl", provider=make_provider("qwen3_vl")) for n, _ in

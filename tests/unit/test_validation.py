@@ -346,7 +346,7 @@ def test_full_recompute_on_an_affected_family_is_accepted_with_the_adjustment_sa
     message = record.getMessage()
     turned_off = ", ".join(REGISTRY.get(family).no_full_recompute)
     for word in ("{rc}=full", family, parts, f"turns full recompute off in {turned_off}", "no gradient",
-                 "vision_recompute_policy='refuse'"):
+                 "full_recompute_policy='refuse'"):
         assert word.format(**LAYOUTS[layout]) in message, (word, message)
 
 
