@@ -3,7 +3,7 @@
 Measured, on the tiny real Qwen3-VL (plugin build, CPU): the activation bytes one forward keeps for its
 backward (every tensor autograd saves, one count per storage, through
 ``torch.autograd.graph.saved_tensors_hooks``), three ways in one run: no recompute; full recompute everywhere
-(what Bridge does, with wrong vision gradients: ``vision_recompute_policy="refuse"`` and no flag keeps it);
+(what Bridge does, with wrong vision gradients: ``full_recompute_policy="refuse"`` and no flag keeps it);
 and the plugin's fix (full recompute in the language model, none in the vision tower). Reported: fix /
 everywhere, and fix / none. Medians are not needed: byte counts are exact.
 
@@ -55,7 +55,7 @@ def _measure(**fields: Any) -> tuple[int, Any]:
     with quiet():
         provider = make_freezable(make_provider(FAMILY, hidden_dropout=0.0, attention_dropout=0.0, **fields),
                                   FreezeSelection())
-        provider.vision_recompute_policy = policy
+        provider.full_recompute_policy = policy
         torch.manual_seed(0)
         model = build_tiny_model(FAMILY, provider=provider)
     model.train()
