@@ -12,8 +12,10 @@ venv:
 demo: venv
 	@$(VENV)/bin/bridge-freeze demo
 
+# the whole suite in TEST_WORKERS processes (pytest-xdist; each takes whole files, in order); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
 test: venv
-	@$(PY) -m pytest
+	@$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # the pure tests (no Bridge model, no process started, nothing marked slow): under a minute, while you work
 test-fast: venv
