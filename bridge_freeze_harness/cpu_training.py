@@ -26,7 +26,9 @@ brought back up (other tests in the session build models on it). The context inc
 (:func:`bridge_freeze_harness.tiny.build_context`: TE specs swapped for local ones) and the CPU forward patches
 (:func:`bridge_freeze_harness.forward.forward_patches`), because ``setup()`` builds the model and ``train()`` runs
 forwards. The data comes from :class:`SyntheticVLMDataset` (the harness's synthetic batches in the layout of
-``megatron/bridge/training/vlm_step.py``), since Bridge's mock VLM dataset loads a processor from the model hub.
+the family's Bridge forward step, :data:`FORWARD_STEPS`: ``megatron/bridge/training/vlm_step.py`` for most, the
+Qwen-Omni ones ``models/qwen_omni/qwen3_omni_step.py``), since Bridge's mock VLM dataset loads a processor from
+the model hub.
 
 Who imports this package, and why it is never on the plugin's runtime path: :mod:`bridge_freeze_harness`.
 """
@@ -35,9 +37,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -292,33 +295,139 @@ def cpu_training(name: str = "qwen3_vl") -> Iterator[None]:
             _restore_model_parallel_state()
 
 
-# ---------------------------------------------------------------- data in vlm_step's layout
+# ---------------------------------------------------------------- Bridge's forward steps and their batch layouts
+
+
+def _cat(samples: list[dict[str, Any]], key: str, dim: int = 0) -> torch.Tensor:
+    return torch.cat([s[key] for s in samples], dim=dim)
+
+
+#: image keys (Bridge's ``GenericVisualInputs``) and audio keys (its ``Qwen2AudioInputs``) of vlm_step's layout.
+_VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+_VLM_AUDIO_KEYS = ("input_features", "feature_attention_mask")
+
+
+def _vlm_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``megatron/bridge/training/vlm_step.py`` reads: ``tokens``, ``labels``, ``loss_mask``,
+    ``attention_mask``, ``position_ids`` (the sample's, else ``None``: the model computes M-RoPE ids) and one
+    ``visual_inputs`` object: ``GenericVisualInputs`` for images, ``Qwen2AudioInputs`` for audio. vlm_step passes
+    that one object only, so samples with images AND audio are refused (no field of either class holds both)."""
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
+
+    first = samples[0]
+    if any(k in first for k in _VLM_IMAGE_KEYS) and any(k in first for k in _VLM_AUDIO_KEYS):
+        raise NotImplementedError(
+            "the synthetic batch has images and audio; Bridge's vlm_step passes one inputs object "
+            "(GenericVisualInputs, which has no audio field, or Qwen2AudioInputs, which has no image one)")
+    if any(k in first for k in _VLM_AUDIO_KEYS):
+        inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in _VLM_AUDIO_KEYS if k in first})
+    else:
+        inputs = GenericVisualInputs(**{k: _cat(samples, k) for k in _VLM_IMAGE_KEYS if k in first})
+    return {
+        "tokens": _cat(samples, "input_ids"),
+        "labels": _cat(samples, "labels"),
+        "loss_mask": _cat(samples, "loss_mask"),
+        "attention_mask": first["attention_mask"],  # [1, 1, s, s], shared by the batch
+        # [b, s] or M-RoPE's [3, b, s]: the batch is the next-to-last dimension in both
+        "position_ids": _cat(samples, "position_ids", dim=-2) if "position_ids" in first else None,
+        "visual_inputs": inputs,
+    }
+
+
+def _named_keys_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every sample key under its own name, concatenated along the batch (``input_ids``, not ``tokens``), as
+    Bridge's Qwen3-Omni collator (``models/qwen_omni/data/collate_fn.py``) hands a batch to its step: the media
+    tensors are top-level keys, no inputs object. A shared ``attention_mask`` ``[1, 1, s, s]`` is kept as is;
+    ``position_ids`` (``[b, s]`` or M-RoPE's ``[3, b, s]``) joins along its next-to-last dimension."""
+    first = samples[0]
+    batch: dict[str, Any] = {}
+    for key in first:
+        if key == "attention_mask":
+            batch[key] = first[key]
+        else:
+            batch[key] = _cat(samples, key, dim=-2 if key == "position_ids" else 0)
+    return batch
+
+
+@dataclass(frozen=True)
+class BridgeStep:
+    """One of Bridge's own forward steps, and the batch layout its ``get_batch`` reads.
+
+    :class:`SyntheticVLMDataset` lays its samples out with ``collate`` and refuses a sample key outside ``keys``
+    (a key the step would not carry to the model); :func:`run_training` hands ``function`` to Bridge's loop.
+    """
+
+    #: ``module:attribute`` of Bridge's forward step (imported when the run starts, through the harness's TE stub).
+    function: str
+    #: the synthetic-sample keys (:func:`bridge_freeze_harness.train.synthetic_batch`) the step carries to the model.
+    keys: frozenset[str]
+    #: samples of one micro-batch -> the batch the step's ``get_batch`` reads.
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    #: the most samples one micro-batch may hold (``None``: any), where more break the model (the reason beside
+    #: the table entry).
+    max_micro_batch: int | None = None
+
+    def load(self) -> Callable[..., Any]:
+        """The step function itself."""
+        module, _, name = self.function.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+#: ``megatron/bridge/training/vlm_step.py``: the media in one ``visual_inputs`` object (:func:`_vlm_step_batch`).
+VLM_STEP = BridgeStep(
+    "megatron.bridge.training.vlm_step:forward_step",
+    keys=frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids",
+                    *_VLM_IMAGE_KEYS, *_VLM_AUDIO_KEYS}),
+    collate=_vlm_step_batch,
+)
+
+#: The media keys ``megatron/bridge/models/qwen_omni/qwen3_omni_step.py`` moves to the device and passes to the
+#: model under their own names (its ``_MULTIMODAL_KEYS``, less its ``visual_inputs`` object).
+QWEN_OMNI_MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                        "video_second_per_grid", "input_features", "feature_attention_mask", "audio_feature_lengths")
+
+#: Bridge's Qwen3-Omni thinker step: ``input_ids``, ``labels``, ``loss_mask`` and the media as top-level keys
+#: (:func:`_named_keys_batch`). It sets ``position_ids`` to ``None`` itself (the thinker computes its M-RoPE ids
+#: from the whole ``input_ids``) and passes ``attention_mask`` on when the dataset has one; the Omni samples have
+#: none (the thinker reads one as HF's ``[b, s]`` padding mask), so the language model takes its causal default.
+QWEN_OMNI_STEP = BridgeStep(
+    "megatron.bridge.models.qwen_omni.qwen3_omni_step:forward_step",
+    keys=frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids", *QWEN_OMNI_MEDIA_KEYS}),
+    collate=_named_keys_batch,
+)
+
+#: tiny configuration -> Bridge's forward step that trains it, where that is not :data:`VLM_STEP`.
+FORWARD_STEPS: dict[str, BridgeStep] = {
+    # Bridge 0.6.2 has no step (nor recipe) of its own for Qwen2.5-Omni; its Qwen3-Omni step fits the model:
+    # Qwen25OmniModel.forward takes the same keywords (input_ids, labels, loss_mask, the media keys above).
+    "qwen25_omni": QWEN_OMNI_STEP,
+    # One audio clip per micro-batch: with two or more, Bridge 0.6.2's Qwen3OmniThinkerModel.get_audio_features
+    # splits the encoder's output with the wrong per-clip lengths and raises "Audio features and audio tokens do
+    # not match" (tiny/qwen3_omni.py, train_batch). A micro-batch of one sample is what works.
+    "qwen3_omni": replace(QWEN_OMNI_STEP, max_micro_batch=1),
+}
+
+
+def forward_step_of(family: str) -> BridgeStep:
+    """The :class:`BridgeStep` that trains tiny configuration ``family`` (:data:`FORWARD_STEPS`, else vlm_step's)."""
+    return FORWARD_STEPS.get(family, VLM_STEP)
 
 
 class SyntheticVLMDataset(torch.utils.data.Dataset):
     """Sample ``i`` is the tiny configuration's synthetic batch of one with seed ``seed + i`` (deterministic).
 
-    :meth:`collate_fn` stacks samples into what ``megatron/bridge/training/vlm_step.py`` reads: ``tokens``,
-    ``labels``, ``loss_mask``, ``attention_mask``, ``position_ids`` (the sample's, else ``None``: the model
-    computes M-RoPE ids), and ``visual_inputs``: Bridge's ``GenericVisualInputs`` for images, its
-    ``Qwen2AudioInputs`` for audio (``input_features`` / ``feature_attention_mask``). ``vlm_step`` passes one such
-    object, so a sample with images AND audio is refused.
+    :meth:`collate_fn` lays samples out as the family's Bridge step reads them (:func:`forward_step_of`):
+    vlm_step's ``tokens`` / ``visual_inputs`` layout, or the Omni step's top-level keys.
     """
-
-    #: the keys of a synthetic sample this layout carries (``input_ids`` becomes ``tokens``).
-    KEYS = frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids", "pixel_values",
-                      "image_grid_thw", "mm_token_type_ids", "input_features", "feature_attention_mask"})
-    #: image keys (``GenericVisualInputs``) and audio keys (``Qwen2AudioInputs``).
-    IMAGE_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
-    AUDIO_KEYS = ("input_features", "feature_attention_mask")
 
     def __init__(self, family: str, provider: Any, samples: int, seed: int = 0) -> None:
         from bridge_freeze_harness.train import train_spec
 
         if train_spec(family).forward_keys is not None:
             raise ValueError(f"tiny configuration {family!r} renames its batch keys for the model's forward; Bridge's "
-                             "vlm_step passes them under their own names: train it with bridge_freeze_harness.train")
+                             "steps pass them under their own names: train it with bridge_freeze_harness.train")
         self.family, self.provider, self.samples, self.seed = family, provider, samples, seed
+        self.step = forward_step_of(family)
 
     def __len__(self) -> int:
         return self.samples
@@ -327,37 +436,19 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
         from bridge_freeze_harness.train import synthetic_batch
 
         sample = synthetic_batch(self.family, self.provider, batch_size=1, seed=self.seed + int(index))
-        unknown = set(sample) - self.KEYS
+        unknown = set(sample) - self.step.keys
         if unknown:
-            raise NotImplementedError(f"the synthetic batch of {self.family!r} has {sorted(unknown)}, which the "
-                                      "vlm_step layout here does not carry; extend SyntheticVLMDataset.collate_fn")
-        if any(k in sample for k in self.IMAGE_KEYS) and any(k in sample for k in self.AUDIO_KEYS):
             raise NotImplementedError(
-                f"the synthetic batch of {self.family!r} has images and audio; Bridge's vlm_step passes one inputs "
-                "object (GenericVisualInputs, which has no audio field, or Qwen2AudioInputs, which has no image one)")
+                f"the synthetic batch of {self.family!r} has {sorted(unknown)}, which {self.step.function} does not "
+                "carry to the model; give the family another BridgeStep (cpu_training.FORWARD_STEPS)")
         return sample
 
-    @staticmethod
-    def collate_fn(samples: list[dict[str, Any]]) -> dict[str, Any]:
-        from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
-
-        def cat(key: str, dim: int = 0) -> torch.Tensor:
-            return torch.cat([s[key] for s in samples], dim=dim)
-
-        first = samples[0]
-        if any(k in first for k in SyntheticVLMDataset.AUDIO_KEYS):
-            inputs: Any = Qwen2AudioInputs(**{k: cat(k) for k in SyntheticVLMDataset.AUDIO_KEYS if k in first})
-        else:
-            inputs = GenericVisualInputs(**{k: cat(k) for k in SyntheticVLMDataset.IMAGE_KEYS if k in first})
-        return {
-            "tokens": cat("input_ids"),
-            "labels": cat("labels"),
-            "loss_mask": cat("loss_mask"),
-            "attention_mask": first["attention_mask"],  # [1, 1, s, s], shared by the batch
-            # [b, s] or M-RoPE's [3, b, s]: the batch is the next-to-last dimension in both
-            "position_ids": cat("position_ids", dim=-2) if "position_ids" in first else None,
-            "visual_inputs": inputs,
-        }
+    def collate_fn(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        limit = self.step.max_micro_batch
+        if limit is not None and len(samples) > limit:
+            raise ValueError(f"{self.family!r} trains with at most {limit} sample(s) per micro-batch here, got "
+                             f"{len(samples)} (cpu_training.FORWARD_STEPS says why)")
+        return self.step.collate(samples)
 
 
 def synthetic_dataset_config(family: str, provider: Any, seed: int = 0) -> Any:
@@ -373,7 +464,7 @@ def synthetic_dataset_config(family: str, provider: Any, seed: int = 0) -> Any:
         family: str
         seed: int = 0
         _provider: Any = None
-        # vlm_step reads attention_mask only when this is False (training/vlm_step.py:122 / 179)
+        # vlm_step (training/vlm_step.py:122 / 179) and qwen3_omni_step read attention_mask only when this is False
         skip_getting_attention_mask_from_dataset: bool = False
 
         def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
@@ -501,11 +592,12 @@ def vlm_forward_step() -> Callable[..., Any]:
 
 def run_training(cfg: Any, *, family: str = "qwen3_vl", callbacks: list[Any] | None = None) -> None:
     """Bridge's real ``finetune()`` (``cfg.peft`` or ``cfg.checkpoint.pretrained_checkpoint`` set) or ``pretrain()``
-    of ``cfg`` with :func:`vlm_forward_step`, inside :func:`cpu_training`. Call from ``if __name__ == "__main__":``.
+    of ``cfg`` with Bridge's forward step for ``family`` (:func:`forward_step_of`: vlm_step's for most), inside
+    :func:`cpu_training`. Call from ``if __name__ == "__main__":``.
     """
     with cpu_training(family):
         from megatron.bridge.training.finetune import finetune
         from megatron.bridge.training.pretrain import pretrain
 
         tune = cfg.peft is not None or cfg.checkpoint.pretrained_checkpoint is not None
-        (finetune if tune else pretrain)(cfg, vlm_forward_step(), callbacks=callbacks)
+        (finetune if tune else pretrain)(cfg, forward_step_of(family).load(), callbacks=callbacks)

@@ -1,0 +1,77 @@
+"""Which of Bridge's own forward steps trains each family in Bridge's loop (``cpu_training.FORWARD_STEPS``), and the
+batch the harness's synthetic dataset lays out for it, checked against Bridge's step modules themselves.
+
+The Omni thinkers take their audio (``input_features`` / ``feature_attention_mask``) and their image from the batch:
+Bridge's vlm_step passes one ``GenericVisualInputs`` (no audio field), its Qwen3-Omni step passes the media as
+top-level keys. That the audio reaches the model in Bridge's real loop is shown end to end by the demo test
+(tests/unit/test_cli.py: the audio projection's HF tensors change); here, the pieces.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+OMNI = ("qwen25_omni", "qwen3_omni")
+
+#: Bridge imported (TE stub) through the session's fixture, which also marks every test here ``bridge``.
+pytestmark = pytest.mark.usefixtures("cpu_bridge")
+
+
+def test_each_family_trains_with_bridges_own_step_function():
+    from megatron.bridge.models.qwen_omni import qwen3_omni_step
+    from megatron.bridge.training import vlm_step
+
+    from bridge_freeze_harness.cpu_training import forward_step_of
+
+    for family in OMNI:
+        assert forward_step_of(family).load() is qwen3_omni_step.forward_step
+    for family in ("qwen3_vl", "qwen2_audio", "qwen25_vl"):
+        assert forward_step_of(family).load() is vlm_step.forward_step
+
+
+def test_the_omni_media_keys_are_those_bridges_step_passes_to_the_model():
+    from megatron.bridge.models.qwen_omni import qwen3_omni_step
+
+    from bridge_freeze_harness.cpu_training import QWEN_OMNI_MEDIA_KEYS
+
+    # the step's own list (a private name of Bridge 0.6.2's module: a rename shows here first)
+    assert set(QWEN_OMNI_MEDIA_KEYS) == set(qwen3_omni_step._MULTIMODAL_KEYS) - {"visual_inputs"}
+
+
+@pytest.mark.parametrize("family", OMNI)
+def test_the_omni_batch_carries_audio_and_image_as_the_steps_top_level_keys(family):
+    import torch
+    from megatron.bridge.models.qwen_omni import qwen3_omni_step
+
+    from bridge_freeze_harness import train
+    from bridge_freeze_harness.cpu_training import SyntheticVLMDataset
+
+    provider = train.make_provider(family)
+    dataset = SyntheticVLMDataset(family, provider, samples=2)
+    sample = dataset[0]
+    batch = dataset.collate_fn([sample])
+    assert set(batch) == {"input_ids", "labels", "loss_mask", "pixel_values", "image_grid_thw", "input_features",
+                          "feature_attention_mask"}
+    assert all(torch.equal(batch[k], sample[k]) for k in batch)  # a batch of one: the sample itself
+    # what the step hands the model besides input_ids / labels / loss_mask (no .cuda() here: its normaliser only)
+    media = qwen3_omni_step._normalize_multimodal_inputs(batch)
+    assert set(media) == {"pixel_values", "image_grid_thw", "input_features", "feature_attention_mask"}
+    mel = int(provider.thinker_config.audio_config.num_mel_bins)
+    assert media["input_features"].shape[:2] == (1, mel)
+    assert media["feature_attention_mask"].shape == (1, media["input_features"].shape[2])
+    assert (batch["input_ids"] == int(provider.audio_token_id)).any()  # the clip's placeholders in the text
+
+
+def test_qwen3_omni_refuses_a_micro_batch_of_two_clips_and_qwen25_omni_takes_it():
+    from bridge_freeze_harness import train
+    from bridge_freeze_harness.cpu_training import SyntheticVLMDataset
+
+    for family, allowed in (("qwen25_omni", True), ("qwen3_omni", False)):
+        dataset = SyntheticVLMDataset(family, train.make_provider(family), samples=2)
+        samples = [dataset[0], dataset[1]]
+        if allowed:
+            batch = dataset.collate_fn(samples)
+            assert batch["input_ids"].shape[0] == 2 and batch["input_features"].shape[0] == 2
+        else:
+            with pytest.raises(ValueError, match="at most 1 sample"):
+                dataset.collate_fn(samples)
