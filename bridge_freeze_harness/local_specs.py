@@ -82,7 +82,8 @@ def cpu_build_patches() -> Iterator[None]:
     undo.append((torch.cuda, "current_device", torch.cuda.current_device))
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
     try:
-        yield
+        with zero_centred_torch_norms():
+            yield
     finally:
         for module, name, original in reversed(undo):
             setattr(module, name, original)
@@ -91,3 +92,33 @@ def cpu_build_patches() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def zero_centred_torch_norms() -> Iterator[None]:
+    """megatron-core's torch norm accepts a zero-centred-gamma config while building.
+
+    Without TransformerEngine every norm of a local spec (and a decoder's ``final_layernorm``) is megatron-core's
+    ``WrappedTorchNorm``, which refuses ``layernorm_zero_centered_gamma`` (an assertion). Published configs
+    that Bridge converts with zero-centred gamma (Qwen3.5, MiniMax-M3, Step-3.7, any other) then cannot build:
+    so every CPU build gets this (:func:`cpu_build_patches`). While building, such a config gets
+    :class:`~bridge_freeze_harness.local_layers.Norm` instead (the same ``weight`` / ``bias`` parameters, the
+    zero-centred gamma applied); every other config gets the torch norm as before.
+    """
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from bridge_freeze_harness.local_layers import Norm
+
+    original = WrappedTorchNorm.__dict__["__new__"]
+    torch_new = WrappedTorchNorm.__new__
+
+    def new(cls: type, config: Any, hidden_size: int, eps: float = 1e-5, *args: Any, **kwargs: Any) -> Any:
+        if getattr(config, "layernorm_zero_centered_gamma", False):
+            return Norm(config=config, hidden_size=hidden_size, eps=eps)
+        return torch_new(cls, config, hidden_size, eps, *args, **kwargs)
+
+    WrappedTorchNorm.__new__ = new  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        WrappedTorchNorm.__new__ = original  # type: ignore[method-assign]

@@ -80,32 +80,3 @@ def local_mtp_block_spec() -> Iterator[None]:
     original = gpt_layer_specs.get_gpt_mtp_block_spec
     with patched([(gpt_layer_specs, "get_gpt_mtp_block_spec", _mtp_spec_without_te(original))]):
         yield
-
-
-@contextlib.contextmanager
-def zero_centred_torch_norms() -> Iterator[None]:
-    """megatron-core's torch norm accepts a zero-centred-gamma config while building.
-
-    Without TransformerEngine every norm of a local spec (and a decoder's ``final_layernorm``) is megatron-core's
-    ``WrappedTorchNorm``, which refuses ``layernorm_zero_centered_gamma`` (an assertion). Published configs
-    that Bridge converts with zero-centred gamma (Qwen3.5) then cannot build. While building, such a config gets
-    :class:`~bridge_freeze_harness.local_layers.Norm` instead (the same ``weight`` / ``bias`` parameters, the
-    zero-centred gamma applied); every other config gets the torch norm as before.
-    """
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    from bridge_freeze_harness.local_layers import Norm
-
-    original = WrappedTorchNorm.__dict__["__new__"]
-    torch_new = WrappedTorchNorm.__new__
-
-    def new(cls: type, config: Any, hidden_size: int, eps: float = 1e-5, *args: Any, **kwargs: Any) -> Any:
-        if getattr(config, "layernorm_zero_centered_gamma", False):
-            return Norm(config=config, hidden_size=hidden_size, eps=eps)
-        return torch_new(cls, config, hidden_size, eps, *args, **kwargs)
-
-    WrappedTorchNorm.__new__ = new  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        WrappedTorchNorm.__new__ = original  # type: ignore[method-assign]

@@ -8,31 +8,23 @@ layer 0 dense, layer 1 MoE with 4 routed experts + a shared expert, QK norm, no 
 that Bridge creates with ``requires_grad=False`` and never runs.
 
 The text layer spec is set the way Bridge's own HF conversion sets it
-(``partial(minimax_m3_block_spec, use_transformer_engine=HAVE_TE)``), here with ``False``. One any-size CPU
-patch (:func:`cpu_patches`): the published config has zero-centred norms (``use_gemma_norm``), which
-megatron-core's torch norm refuses; while building, such a config's norms are the harness's ``Norm``
-(:func:`~bridge_freeze_harness.tiny._common.zero_centred_torch_norms`; same parameters). The tiny
-configuration has none, so it is unaffected.
+(``partial(minimax_m3_block_spec, use_transformer_engine=HAVE_TE)``), here with ``False``. The published
+config has zero-centred norms (``use_gemma_norm``), which megatron-core's torch norm refuses; every CPU build
+gives such a config the harness's ``Norm`` (:func:`~bridge_freeze_harness.local_specs.zero_centred_torch_norms`;
+same parameters). The tiny configuration has none, so it is unaffected.
 CPU-only deviations that do not change module or parameter names: the ``allgather`` token dispatcher,
 no grouped GEMM, no permute fusion, no shared expert overlap.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import torch
 
 from bridge_freeze_harness.batches import TrainSpec, flat_patch_batch
-from bridge_freeze_harness.tiny._common import (
-    TINY_LM,
-    TINY_MOE_WITH_SHARED_EXPERT,
-    finalized,
-    zero_centred_torch_norms,
-)
+from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
 REAL = True
 
@@ -76,13 +68,6 @@ def make_provider(**overrides: Any) -> Any:
         video_token_id=121,
     )
     return finalized(provider, **overrides)
-
-
-@contextlib.contextmanager
-def cpu_patches() -> Iterator[None]:
-    """Any MiniMax-M3 build: zero-centred gamma (the published config's) on megatron-core's torch norm."""
-    with zero_centred_torch_norms():
-        yield
 
 
 def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:

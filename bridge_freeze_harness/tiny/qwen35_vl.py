@@ -28,8 +28,8 @@ is written for TransformerEngine only:
   megatron-core for TransformerEngine MTP layers unconditionally; while building it gets the local ones
   (:func:`~bridge_freeze_harness.tiny._common.local_mtp_block_spec`). The tiny configurations have no MTP.
 - Zero-centred gamma (Bridge converts every published Qwen3.5 config with it): megatron-core's torch norm
-  refuses it; while building, such a config's norms are the harness's ``Norm``
-  (:func:`~bridge_freeze_harness.tiny._common.zero_centred_torch_norms`; same parameters).
+  refuses it; every CPU build gives such a config the harness's ``Norm``
+  (:func:`~bridge_freeze_harness.local_specs.zero_centred_torch_norms`; same parameters).
 
 Forward on the CPU: ``deterministic_mode=True`` (set here) makes the GDN use ``F.conv1d`` instead of
 FLA's ``causal_conv1d``; the one FLA function left, ``l2norm`` (q/k normalisation), is swapped for a
@@ -47,7 +47,7 @@ from typing import Any
 
 from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.patching import patched
-from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec, zero_centred_torch_norms
+from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec
 from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, TINY_VISION
 from bridge_freeze_harness.tiny.qwen3_vl_moe import TINY_MOE
 
@@ -160,7 +160,7 @@ def cpu_patches() -> Iterator[None]:
         (gdn_common, "HAVE_FLA", True),
         (gdn, "chunk_gated_delta_rule", gdn_common.torch_chunk_gated_delta_rule),
     ]
-    with patched(patches), local_mtp_block_spec(), zero_centred_torch_norms():
+    with patched(patches), local_mtp_block_spec():
         yield
 
 

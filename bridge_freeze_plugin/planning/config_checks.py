@@ -82,9 +82,26 @@ def check_model_type(doc: dict[str, Any], cfg_file: Path) -> str:
 
     from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES
 
-    if model_type not in CONFIG_MAPPING_NAMES and model_type not in OFFLINE_TYPES:
+    if model_type not in CONFIG_MAPPING_NAMES and model_type not in OFFLINE_TYPES \
+            and not bridge_registers(model_type):
         raise PlanError(unknown_type_message(model_type, cfg_file, remote="auto_map" in doc))
     return model_type
+
+
+def bridge_registers(model_type: str) -> bool:
+    """Whether Megatron-Bridge registers ``model_type``'s config class with transformers when imported (its
+    vendored configs: Qwen3-ASR, Step-3.7). Asked only for a registered family's type transformers does not know
+    (the plan imports Bridge next anyway); any other type is answered without importing it."""
+    from bridge_freeze_plugin.registry import list_families
+
+    if not any(model_type in family.hf_model_types for family in list_families()):
+        return False
+    from transformers import CONFIG_MAPPING
+
+    from bridge_freeze_harness.cpu_runtime import import_bridge
+
+    import_bridge()
+    return model_type in CONFIG_MAPPING
 
 
 def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> str:
@@ -98,7 +115,7 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
     readable, tiny_only = [], []
     for family in list_families():
         for hf_type in family.hf_model_types:
-            known = hf_type in CONFIG_MAPPING_NAMES or hf_type in OFFLINE_TYPES
+            known = hf_type in CONFIG_MAPPING_NAMES or hf_type in OFFLINE_TYPES or _registered_now(hf_type)
             (readable if known else tiny_only).append(f"{hf_type} ({family.name})")
     what = ("remote code (its auto_map names files on the hub, which plan never runs nor downloads)" if remote
             else "a model type")
@@ -109,6 +126,17 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
         f"of another family, plan it once a bridge-freeze family covers it (bridge-freeze families); for a newer "
         f"transformers model, install a transformers that has {model_type!r}"
     )
+
+
+def _registered_now(model_type: str) -> bool:
+    """Registered with transformers by an import already made (Bridge's vendored configs); imports nothing."""
+    import sys
+
+    if "megatron.bridge" not in sys.modules:
+        return False
+    from transformers import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING
 
 
 def _walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge_freeze_harness.tiny import TINY_FAMILIES
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
 #: fixture folder -> (registry family, transformers class, [(regex matched at the start of an HF parameter name,
@@ -180,3 +182,45 @@ def test_a_full_size_build_needs_no_tiny_configuration_patch(cpu_bridge, monkeyp
     assert _planned("gemma3_vl")["vision_projection"] == 6_194_304
     assert _planned("qwen25_vl")["vision_model"] == 631_975_680
     assert _planned("qwen35_vl")["language_model"] == 4_326_350_848
+
+
+def test_a_type_bridge_registers_itself_plans_from_its_config_json(cpu_bridge, tmp_path):
+    """``qwen3_asr``: transformers does not know it; Bridge registers its vendored config class with transformers
+    when imported, so plan imports Bridge before refusing (it used to say "only with --tiny"). The config.json is
+    Bridge's vendored class written at the tiny sizes; each part equals the harness's tiny model (the provider built
+    directly, not converted from the file), its names sorted into parts by the rule written here."""
+    from megatron.bridge.models.qwen3_asr.hf_qwen3_asr.configuration_qwen3_asr import Qwen3ASRConfig
+
+    from bridge_freeze_harness.tiny import build_tiny_model
+    from bridge_freeze_harness.tiny.qwen3_asr import thinker_config
+    from bridge_freeze_plugin import planning
+    from bridge_freeze_plugin.selection import FreezeSelection
+
+    config = Qwen3ASRConfig(thinker_config=thinker_config().to_dict())
+    config.architectures = ["Qwen3ASRForConditionalGeneration"]
+    config.save_pretrained(tmp_path)
+    plan = planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
+                               hf_config=tmp_path / "config.json")
+    assert plan.family == "qwen3_asr"
+    rule = [(r"thinker\.audio_model\.proj[12]\.", "audio_projection"), (r"thinker\.audio_model\.", "audio_model")]
+    expected: dict[str, int] = {}
+    for name, param in build_tiny_model("qwen3_asr").named_parameters():
+        part = next((p for pattern, p in rule if re.match(pattern, name)), "language_model")
+        expected[part] = expected.get(part, 0) + param.numel()
+    assert {p.count.part.value: p.count.total for p in plan.parts} == expected
+
+
+@pytest.mark.parametrize("name", sorted(set(TINY_FAMILIES) - {"kimi_k25_vl"}))  # kimi: built from a hub-style folder
+def test_every_family_builds_full_size_with_zero_centred_norms(cpu_bridge, name):
+    """A published config with zero-centred gamma (Gemma, Qwen3.5, MiniMax-M3, Step-3.7 convert with it) builds in
+    the full-size CPU context of every family, not only of those whose configs we hold: the same parameters as
+    without it (megatron-core's torch norm refuses it; the harness's norm takes its place, same names and shapes)."""
+    from bridge_freeze_harness.tiny import make_provider
+    from bridge_freeze_plugin.planning.meta_build import build_meta_model
+
+    def names(zero_centred: bool) -> list[tuple[str, tuple[int, ...]]]:
+        provider = make_provider(name, layernorm_zero_centered_gamma=zero_centred)
+        model, _ = build_meta_model(provider, family_name=name)  # no tiny_name: the full-size context
+        return sorted((n, tuple(p.shape)) for n, p in model.named_parameters())
+
+    assert names(True) == names(False)
