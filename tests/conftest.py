@@ -79,6 +79,32 @@ LONGEST_FILES = (
 )
 
 
+#: The files whose tests use the Bridge forkserver (tests/unit/conftest.py): one scheduling unit under
+#: ``--dist loadfile``, so that one worker starts the server (about 15 CPU-seconds and 1 GB), not each.
+FORKSERVER_FILES = frozenset({
+    "test_cli.py", "test_bridge_training.py", "test_distributed.py", "test_plan_per_rank.py", "test_forked_commands.py",
+})
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist not installed: one process, nothing to schedule
+    LoadFileScheduling = None
+
+if LoadFileScheduling is not None:
+
+    class _ForkserverFilesTogether(LoadFileScheduling):
+        """``--dist loadfile``, with :data:`FORKSERVER_FILES` as one unit (handed out when test_cli's turn comes)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "forkserver files" if scope.rsplit("/", 1)[-1] in FORKSERVER_FILES else scope
+
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getoption("dist") == "loadfile":
+            return _ForkserverFilesTogether(config, log)
+        return None
+
+
 def _longest_first(items: list) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

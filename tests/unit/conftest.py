@@ -7,6 +7,7 @@ start are forked from it (:func:`_shared.start_forked`), each a process of its o
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,7 +27,11 @@ def _start_server() -> Any:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the server as soon as a selected test will use it: its Bridge import (about 15 CPU-seconds) then runs
-    on the other core while the tests before it run."""
+    on the other core while the tests before it run. Not in a pytest-xdist worker: each collects every test, but
+    only the one that gets the files using the server (one scheduling unit: tests/conftest.py) starts it, on first
+    use."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     if any("bridge_forkserver" in getattr(item, "fixturenames", ()) for item in session.items):
         _start_server()
 

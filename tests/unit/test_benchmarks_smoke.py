@@ -17,7 +17,7 @@ EXPECTED = {
     "memory": {"selections", "all_exact", "naive_freeze_after_optimizer"},
     "step": {"ratio", "full_step_ms", "vision_layer_backward_calls", "vision_backward_skipped_when_frozen"},
     "activation": {"python_c_pass", "import_megatron_bridge"},
-    "plan": {"available", "time_ratio", "peak_rss_ratio"},
+    "plan": {"available", "time_ratio", "peak_rss_ratio", "ratio_arm"},
     "recompute": {"cpu_tiny", "full_size_estimate"},
     "sync": {"selections", "all_bytes_ratios_are_shares", "checkpoint_bytes"},
 }
@@ -52,6 +52,9 @@ def test_quick_run_writes_every_figure(tmp_path):
     adapters = mixed["lora"]["adapter_params"]
     assert mixed["trainable_params"] == projection["trainable_params"] + adapters  # exactly adapters + projection
     assert result["figures"]["step"]["vision_backward_skipped_when_frozen"]
+    plan = result["figures"]["plan"]
+    # --quick plans a tiny config (the full-size arms: make bench)
+    assert plan["available"] and plan["ratio_arm"] == "plan_tiny" and plan["time_ratio"] > 1
     recompute = result["figures"]["recompute"]["cpu_tiny"]
     assert recompute["vision_recompute"] == {"everywhere": "full", "fix": None}
     assert recompute["full_recompute_everywhere_bytes"] < recompute["vision_recompute_off_bytes"]
