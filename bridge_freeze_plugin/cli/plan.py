@@ -261,7 +261,9 @@ def _print_ranks(result: Any, gpu_memory: int | None) -> None:
     """The per-rank summary: the largest rank, whether it fits, one row per pipeline stage."""
     layout, act = result.layout, result.activation
     largest = result.largest_rank()
-    vision = f", {act['vision_tokens']:,} vision patches per sample" if act["vision_tokens"] else ", text only"
+    vision = f", {act['vision_tokens']:,} vision patches per sample" if act["vision_tokens"] else ", no vision input"
+    if act.get("not_estimated"):
+        vision += f" ({' and '.join(act['not_estimated'])} activations not estimated)"
     out()
     out(f"per GPU under {layout.describe()}; activations for sequence {act['seq_length']:,} x micro-batch "
         f"{act['micro_batch_size']}, recompute {act['recompute']}{vision} (built per rank in "

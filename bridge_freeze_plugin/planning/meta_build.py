@@ -235,10 +235,13 @@ def plan_model(
         ranks, recompute = _per_rank(chosen, selection, assumptions, layout, activation, lora)
     else:
         ranks, recompute = _single_rank(chosen, selection, params, assumptions, activation)
+    built_parts = {p.part for p in params}
     settings = {
         "seq_length": activation.seq_length,
         "micro_batch_size": activation.micro_batch_size,
-        "vision_tokens": activation.patches,
+        "vision_tokens": activation.patches if Part.VISION_MODEL in built_parts else 0,
+        # the estimate covers the language model and a vision encoder; an audio encoder's are not counted
+        "not_estimated": [p.value for p in (Part.AUDIO_MODEL, Part.AUDIO_PROJECTION) if p in built_parts],
         "recompute": recompute,
         "activation_dtype": assumptions.param_dtype,
         "sequence_parallel": layout.tp > 1,

@@ -260,3 +260,22 @@ def test_in_flight_micro_batches_follow_1f1b_and_megatrons_interleaving_penalty(
     assert in_flight_micro_batches(4, 0, 2) == pytest.approx(4 * (1 + 3 / 8))
     assert math.isclose(in_flight_micro_batches(1, 0, None), 1)
 
+
+
+@pytest.mark.parametrize(("family", "vision", "left_out"), [
+    ("qwen2_audio", False, ["audio_model", "audio_projection"]),  # no vision encoder: no vision patches
+    ("qwen3_omni", True, ["audio_model", "audio_projection"]),
+    ("qwen3_vl", True, []),
+])
+def test_the_activation_estimate_says_what_it_leaves_out(cpu_bridge, capsys, family, vision, left_out):
+    """The estimate covers the language model and a vision encoder: an audio-only model has no vision patches,
+    and the audio parts' activations are named as not estimated (JSON and text)."""
+    from bridge_freeze_plugin.cli import main
+
+    assert main(["plan", family, "--tiny", "--seq-length", "256", "--json"]) == 0
+    act = json.loads(capsys.readouterr().out)["activation"]
+    assert act["vision_tokens"] == (256 if vision else 0) and act["not_estimated"] == left_out
+    assert main(["plan", family, "--tiny", "--seq-length", "256"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("per GPU under"))
+    assert ("256 vision patches per sample" in line) is vision and ("no vision input" in line) is not vision
+    assert ("audio_model and audio_projection activations not estimated" in line) is bool(left_out)
