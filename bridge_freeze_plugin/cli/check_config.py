@@ -369,7 +369,7 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
                      "adjustments": adjusted})
         return EXIT_OK
     s = checked.settings
-    out(f"selection ({s.flags_key}): {flags_line(selection)}")
+    out(f"selection ({s.flags_key}): {flags_line(selection, _model_parts(selection, s.family))}")
     if selection.patterns:
         out(f"patterns ({s.key_of(PATTERN_KEYS[0]).rpartition('.')[0]}): " + " ".join(
             f"{key}={json.dumps(values)}" for key, values in selection.patterns_dict().items() if values))

@@ -246,3 +246,17 @@ def test_an_audio_flag_on_an_omni_built_without_sound_is_refused_before_training
                    for n, _ in chunk.named_parameters())
     assert [c.part.value for c in bfp.last_report(provider).parts] == [
         "language_model", "vision_model", "vision_projection"]
+
+
+@pytest.mark.parametrize(("family", "line"), [
+    ("nemotron_omni", "freeze_language_model=false freeze_vision_model=false freeze_vision_projection=false "
+                      "freeze_audio_model=true freeze_audio_projection=false"),
+    ("qwen2_audio", "freeze_language_model=false freeze_audio_model=true freeze_audio_projection=false"),
+])
+def test_check_config_lists_the_flags_of_the_models_parts(capsys, family, line):
+    """check-config's selection line: every part of the family (an unset audio projection too), no other."""
+    from bridge_freeze_plugin.cli import main
+
+    assert main(["check-config", "--layout", "sft", "--family", family, "megatron_config.freeze_audio_model=true"]) == 0
+    out = capsys.readouterr().out
+    assert f"selection (megatron_config): {line}\n" in out
