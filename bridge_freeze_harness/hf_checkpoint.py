@@ -625,37 +625,11 @@ def grouped_experts_on_cpu() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ernie_fused_norms_on_cpu() -> Iterator[None]:
-    """ERNIE-4.5-VL's decoder spec without TE: the fused norm + linear as a local module with TE's names.
-
-    Bridge's spec falls back to a plain ``ColumnParallelLinear`` without TE ("No fused LN+Linear without TE"),
-    so the model has no ``linear_qkv.layer_norm_weight`` / dense ``linear_fc1.layer_norm_weight``, and the
-    checkpoint's ``input_layernorm`` / ``post_attention_layernorm`` of those layers are neither loaded nor
-    exported. :class:`~bridge_freeze_harness.local_layers.LayerNormColumnParallelLinear` takes its place.
-    """
-    from megatron.bridge.models.ernie_vl.modeling_ernie45_vl import ernie_decoder_layer_spec as spec
-
-    from bridge_freeze_harness.local_layers import LayerNormColumnParallelLinear
-    from bridge_freeze_harness.patching import patched
-
-    original = spec._get_linear_modules
-
-    def linear_modules() -> tuple[Any, ...]:
-        column, row, attention, _, norm = original()
-        return column, row, attention, LayerNormColumnParallelLinear, norm
-
-    with patched([(spec, "_get_linear_modules", linear_modules)]):
-        yield
-
-
-@contextlib.contextmanager
 def hf_build_patches(family: str) -> Iterator[None]:
     """What a build of a provider converted from ``family``'s checkpoint needs besides the tiny build context."""
     with contextlib.ExitStack() as stack:
         if hf_family(family).grouped_experts:
             stack.enter_context(grouped_experts_on_cpu())
-        if family == "ernie45_vl":
-            stack.enter_context(ernie_fused_norms_on_cpu())
         yield
 
 

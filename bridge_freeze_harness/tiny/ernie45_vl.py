@@ -6,14 +6,18 @@ Default: the HF vision tower (``vision_tower``) and HF resampler (``resampler_mo
 
 The text side is a tiny dual-pool MoE: layer 0 dense, layer 1 ``ErnieMultiTypeMoE`` with a text pool
 (4 experts of width 32) and a vision pool (4 experts of width 16), top-2, plus shared experts.
-Without TE Bridge's ERNIE decoder spec has no fused LayerNorm+linear, so the dense layer and the
-attention ``linear_qkv`` carry no ``layer_norm_weight`` (on a TE machine they do); every other name is
-the real one. The ``allgather`` token dispatcher stands in for ``alltoall`` (which creates a CUDA stream
-in its ``__init__``); this changes no parameter names.
+Without TE Bridge's ERNIE decoder spec has no fused LayerNorm+linear (a plain linear, no norm at all), so
+:func:`cpu_patches` gives every build of the family, at any size, the harness's local fused norm + linear
+with TE's names: the attention ``linear_qkv`` and the dense layer's ``linear_fc1`` carry their
+``layer_norm_weight`` (the checkpoint's ``input_layernorm`` / ``post_attention_layernorm``) as on a TE
+machine. The ``allgather`` token dispatcher stands in for ``alltoall`` (which creates a CUDA stream in its
+``__init__``); this changes no parameter names.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -93,6 +97,32 @@ def make_provider(**overrides: Any) -> Any:
         moe_token_dispatcher_type="allgather",
     )
     return finalized(provider, **overrides)
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Any ERNIE-4.5-VL build without TE: the fused norm + linear as a local module with TE's names.
+
+    Bridge's decoder spec falls back to a plain ``ColumnParallelLinear`` without TE ("No fused LN+Linear
+    without TE"), so the model would have no ``linear_qkv.layer_norm_weight`` / dense
+    ``linear_fc1.layer_norm_weight``: a full-size plan would leave out every layer's ``input_layernorm`` and
+    the dense layers' ``post_attention_layernorm`` (28 x 2,560 + 2,560 parameters of ERNIE-4.5-VL-28B-A3B),
+    and a checkpoint's norms would be neither loaded nor exported.
+    :class:`~bridge_freeze_harness.local_layers.LayerNormColumnParallelLinear` takes its place.
+    """
+    from megatron.bridge.models.ernie_vl.modeling_ernie45_vl import ernie_decoder_layer_spec as spec
+
+    from bridge_freeze_harness.local_layers import LayerNormColumnParallelLinear
+    from bridge_freeze_harness.patching import patched
+
+    original = spec._get_linear_modules
+
+    def linear_modules() -> tuple[Any, ...]:
+        column, row, attention, _, norm = original()
+        return column, row, attention, LayerNormColumnParallelLinear, norm
+
+    with patched([(spec, "_get_linear_modules", linear_modules)]):
+        yield
 
 
 def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, Any]:
