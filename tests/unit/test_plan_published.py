@@ -59,6 +59,30 @@ HF_COUNTS = {
                     (r"thinker\.audio_tower\.", "audio_model"),
                     (r"thinker\.visual\.merger(_list)?\.", "vision_projection"),
                     (r"thinker\.visual\.", "vision_model")]),
+    # Qwen2.5-Omni-7B: thinker only (talker and token2wav left out); the audio projection is the encoder's last
+    # linear ``proj``, the vision projection the merger.
+    "qwen25_omni": ("qwen25_omni", "Qwen2_5OmniForConditionalGeneration",
+                    [(r"(talker|token2wav)\.", None),
+                     (r"thinker\.audio_tower\.proj\.", "audio_projection"),
+                     (r"thinker\.audio_tower\.", "audio_model"),
+                     (r"thinker\.visual\.merger\.", "vision_projection"),
+                     (r"thinker\.visual\.", "vision_model")]),
+    # Qwen2-Audio-7B: the encoder's fixed sinusoidal position table (an nn.Embedding parameter, requires_grad
+    # False, in transformers and in Bridge alike) is "other" in the registry: no flag trains it.
+    "qwen2_audio": ("qwen2_audio", "Qwen2AudioForConditionalGeneration",
+                    [(r"model\.audio_tower\.embed_positions\.", "other"),
+                     (r"model\.multi_modal_projector\.", "audio_projection"),
+                     (r"model\.audio_tower\.", "audio_model")]),
+    # Ministral 3 3B (text model_type ministral3, tied embeddings): Pixtral tower + the patch-merging projector
+    "ministral3": ("ministral3", "Mistral3ForConditionalGeneration", PROJECTOR_TOWER),
+    # EXAONE 4.5 33B: the projection ``merger`` lives inside transformers' ``visual`` as in Bridge's vision_model;
+    # its MTP layer (Bridge's language_model.mtp, "other") is not in transformers' class: see PART_EXTRA
+    "exaone45_vl": ("exaone45_vl", "Exaone4_5_ForConditionalGeneration", QWEN_VISUAL),
+    # ERNIE-4.5-VL-28B-A3B (native layout): the resampler is the projection; each router's e_score_correction_bias
+    # is a parameter in transformers' class and a buffer (router.expert_bias) in Bridge's, so it is not counted
+    "ernie45_vl": ("ernie45_vl", "Ernie4_5_VLMoeForConditionalGeneration",
+                   [(r"model\.language_model\.layers\.\d+\.mlp\.\w+\.gate\.moe_statics\.", None),
+                    (r"model\.resampler_model\.", "vision_projection"), (r"model\.vision_tower\.", "vision_model")]),
 }
 def _listed(file_name: str):
     """The parameters of a published tensor listing (a fixture file: name -> shape)."""
@@ -80,10 +104,30 @@ def _gemma4_k_eq_v_rows(folder: str, doc: dict) -> int:
 #: shapes from the same report's tensor listing; Gemma 4's K=V rows, from the config's fields.
 LM_EXTRA = {"qwen35_vl": _listed("mtp_tensors.json"), "qwen35_vl_moe": _listed("mtp_tensors.json"),
             "gemma4_vl": _gemma4_k_eq_v_rows}
+
+
+def _exaone45_mtp_layers(folder: str, doc: dict) -> int:
+    """EXAONE 4.5's multi-token-prediction layers (``mtp.*`` in the checkpoint; transformers' class ignores them on
+    load and builds none): per layer (``num_nextn_predict_layers``), transformers' own EXAONE 4 decoder layer for the
+    same text config, plus the checkpoint's ``mtp.pre_fc_norm_embedding`` / ``mtp.pre_fc_norm_hidden`` (hidden each),
+    ``mtp.fc`` (2 x hidden -> hidden, no bias) and ``mtp.norm`` (hidden)."""
+    import torch
+    import transformers
+    from transformers.models.exaone4.modeling_exaone4 import Exaone4DecoderLayer
+
+    text = transformers.AutoConfig.from_pretrained(str(FIXTURES / folder / "config.json")).text_config
+    with torch.device("meta"):
+        layer = sum(p.numel() for p in Exaone4DecoderLayer(text, layer_idx=0).parameters())
+    hidden = text.hidden_size
+    return doc["text_config"]["num_nextn_predict_layers"] * (layer + 2 * hidden + 2 * hidden * hidden + hidden)
+
+
+#: fixture folder -> (part, parameters Bridge builds in that part that transformers' class does not)
+PART_EXTRA = {"exaone45_vl": ("other", _exaone45_mtp_layers)}
 #: measured on 2 cores shared with other work (load 2-23): 235B (94 layers x 128 experts) 16 s, Qwen3.5-35B-A3B
 #: (40 x 256 experts) 14-37 s; Qwen3-Omni's thinker (48 x 128 experts, load 2) 8-11 s, like Qwen3-VL-30B-A3B; the
-#: others under 5 s once Bridge is imported
-SLOW = {"qwen3_vl_moe_235b", "qwen35_vl_moe"}
+#: others under 5 s once Bridge is imported, except EXAONE 4.5 33B (64 dense layers + MTP, load 2-4) 11-18 s
+SLOW = {"qwen3_vl_moe_235b", "qwen35_vl_moe", "exaone45_vl"}
 
 
 def _planned(folder: str, family: str | None = None) -> dict[str, int]:
@@ -113,6 +157,9 @@ def _hf_counts(folder: str) -> dict[str, int]:
             counts[part] += param.numel()
     if folder in LM_EXTRA:
         counts["language_model"] += LM_EXTRA[folder](folder, json.loads(config_file.read_text()))
+    if folder in PART_EXTRA:
+        part, extra = PART_EXTRA[folder]
+        counts[part] += extra(folder, json.loads(config_file.read_text()))
     return {part: n for part, n in counts.items() if n or part == "language_model"}
 
 
@@ -208,6 +255,35 @@ def test_a_type_bridge_registers_itself_plans_from_its_config_json(cpu_bridge, t
         part = next((p for pattern, p in rule if re.match(pattern, name)), "language_model")
         expected[part] = expected.get(part, 0) + param.numel()
     assert {p.count.part.value: p.count.total for p in plan.parts} == expected
+
+
+def test_qwen3_asr_published_config_is_counted_exactly(cpu_bridge, monkeypatch):
+    """Qwen3-ASR-0.6B's published config.json: transformers has no class for it, so the independent count is the
+    maker's modelling code as Bridge vendors it (hf_qwen3_asr), on the meta device."""
+    import torch
+    from megatron.bridge.models.qwen3_asr.hf_qwen3_asr.modeling_qwen3_asr import Qwen3ASRForConditionalGeneration
+    from transformers import AutoConfig, modeling_rope_utils
+
+    # Two transformers-5 gaps of the vendored class, neither a parameter: its text rotary embedding looks up
+    # ROPE_INIT_FUNCTIONS["default"] (gone in transformers 5; it only makes the non-persistent inv_freq buffer),
+    # and its thinker reads config.pad_token_id (no longer a PretrainedConfig default).
+    monkeypatch.setitem(modeling_rope_utils.ROPE_INIT_FUNCTIONS, "default",
+                        lambda config, device=None: (torch.ones(config.head_dim // 2), 1.0))
+    config_file = FIXTURES / "qwen3_asr" / "config.json"
+    config = AutoConfig.from_pretrained(str(config_file))
+    config.thinker_config.pad_token_id = None
+    with torch.device("meta"):
+        model = Qwen3ASRForConditionalGeneration(config)
+    rule = [(r"thinker\.audio_tower\.proj[12]\.", "audio_projection"), (r"thinker\.audio_tower\.", "audio_model")]
+    expected = {"language_model": 0, "audio_model": 0, "audio_projection": 0}
+    for name, param in model.named_parameters():
+        expected[next((p for pattern, p in rule if re.match(pattern, name)), "language_model")] += param.numel()
+    # The maker's class keeps its own thinker.lm_head; Bridge ties the output layer to the embedding
+    # (share_embeddings_and_output_weights from text_config.tie_word_embeddings), one vocab x hidden matrix fewer.
+    text = json.loads(config_file.read_text())["thinker_config"]["text_config"]
+    assert text["tie_word_embeddings"]
+    expected["language_model"] -= text["vocab_size"] * text["hidden_size"]
+    assert _planned("qwen3_asr") == expected
 
 
 @pytest.mark.parametrize("name", sorted(set(TINY_FAMILIES) - {"kimi_k25_vl"}))  # kimi: built from a hub-style folder
