@@ -64,6 +64,12 @@ class SyncBytes:
     trainable_tensors: int
     #: wall time of the sizing (in the text line; not in the JSON document)
     seconds: float = 0.0
+    #: Megatron parameters of the model that no HF tensor of the export carries (Bridge has no mapping for
+    #: them, or the checkpoint layout lacks the HF tensors it maps them to): their tensors and elements, and the
+    #: first name (in the text line)
+    left_out_tensors: int = 0
+    left_out_parameters: int = 0
+    left_out_first: str = ""
 
     @property
     def ratio(self) -> float:
@@ -78,6 +84,8 @@ class SyncBytes:
             "ratio": self.ratio,
             "tensors": self.tensors,
             "trainable_tensors": self.trainable_tensors,
+            "left_out_tensors": self.left_out_tensors,
+            "left_out_parameters": self.left_out_parameters,
         }
 
     def describe(self) -> str:
@@ -86,6 +94,9 @@ class SyncBytes:
             f"one RL weight sync ({self.dtype}): full {_si_bytes(self.full_bytes)} in {self.tensors:,} HF tensors "
             f"(export_hf_weights), trainable {_si_bytes(self.trainable_bytes)} in {self.trainable_tensors:,} "
             f"(export_trainable_hf_weights, {_percent(self.ratio)} of full); sized in {self.seconds:.1f} s"
+            + (f"; not sent: {self.left_out_parameters:,} parameters in {self.left_out_tensors:,} Megatron tensors "
+               f"that Bridge's export maps to no HF tensor of this layout (first: {self.left_out_first})"
+               if self.left_out_tensors else "")
         )
 
 
@@ -204,6 +215,10 @@ def _listing_source(listing: dict[str, Any]) -> Any:
         def get_all_keys(self) -> list[str]:
             return self._keys
 
+        def add_names(self, names: Iterable[str]) -> None:
+            """List HF names the checkpoint is taken to hold without a tensor (see :func:`_add_mapped_names`)."""
+            self._keys = Keys(sorted({*self._keys, *names}))
+
         def load_tensors(self, keys: list[str]) -> dict[str, Any]:
             return {key: listing[key] for key in keys if key in listing}
 
@@ -248,6 +263,7 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
     model_bridge = bridge._model_bridge
     try:
         with _pg_collection_once():
+            _add_mapped_names(bridge, model_bridge, chunks)
             tasks = [t for t in model_bridge.build_conversion_tasks(bridge.hf_pretrained, chunks,
                                                                     weight_dtype=weight_dtype) if t is not None]
             tasks += _sequential_expert_tasks(model_bridge, chunks, tasks, weight_dtype)
@@ -262,6 +278,7 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
             options = {"cpu": False, "show_progress": False, "merge_adapter_weights": merge}
             trainable_bytes, trainable_tensors = _export_size(bridge, chunks, kept, listing, weight_dtype, options)
             rest_bytes, rest_tensors = _export_size(bridge, chunks, rest, listing, weight_dtype, options)
+            left_out = _left_out(model_bridge, chunks, tasks)
     except BridgeFreezeError:
         raise
     except Exception as exc:  # Bridge's export of this model on the meta device: one readable line
@@ -281,9 +298,86 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
         tensors=trainable_tensors + rest_tensors,
         trainable_tensors=trainable_tensors,
         seconds=time.perf_counter() - started,
+        left_out_tensors=len(left_out),
+        left_out_parameters=sum(left_out.values()),
+        left_out_first=min(left_out, default=""),
     )
+    if left_out:
+        logger.debug("weight sync not sent: %s", sorted(left_out))
     logger.debug("weight sync sized in %.2f s: %s", result.seconds, result.describe())
     return result
+
+
+def _left_out(model_bridge: Any, chunks: list[Any], tasks: list[Any]) -> dict[str, int]:
+    """``name -> elements`` of the model's parameters that no conversion task exports (single chunk; else empty).
+
+    A routed expert of the CPU build (``SequentialMLP``) counts as exported under its grouped-GEMM name too
+    (:func:`_sequential_expert_tasks`); LoRA adapters are merged into their bases, not exported themselves."""
+    if len(chunks) != 1:
+        return {}
+    covered = {task.param_name for task in tasks}
+    left: dict[str, int] = {}
+    for name, param in chunks[0].named_parameters():
+        if model_bridge._is_adapter_param_name(name):
+            continue
+        plain = model_bridge._unwrap_name(name)
+        found = _SEQUENTIAL_EXPERT.match(plain)
+        names = {name, plain, model_bridge._get_lora_unwrapped_name(plain)}
+        if found is not None:
+            names.add(f"{found['experts']}.{found['linear']}.{found['kind']}{found['n']}")
+        if not names & covered:
+            left[name] = int(param.numel())
+    return left
+
+
+#: Megatron's routed experts (``SequentialMLP`` / grouped GEMM), not the shared experts (``.mlp.shared_experts.``)
+_ROUTED_EXPERT = ".mlp.experts."
+
+
+def _add_mapped_names(bridge: Any, model_bridge: Any, chunks: list[Any]) -> list[str]:
+    """Take the checkpoint to hold the HF tensors Bridge maps that transformers' save layout lacks; return them.
+
+    The listing (:func:`bridge_for_plan`) is what the installed transformers writes, which is not always the
+    maker's checkpoint: transformers' class may not build a module the checkpoint carries (the multi-token-
+    prediction layers of Qwen3.5 and EXAONE 4.5: ``mtp.*``), and its save-time renaming can differ from the
+    published names (transformers 5.12 writes Qwen2-Audio's language model as ``language_model.model.model.*``;
+    the published checkpoint and Bridge's mapping say ``language_model.model.*``). Bridge's export leaves out a
+    mapping whose HF tensors the checkpoint lacks, so the sync would be sized without them (Qwen2-Audio's whole
+    language model). Bridge's mappings name the tensors of the checkpoints Bridge converts, so a parameter
+    whose mapping names only tensors absent from the listing is sized as Bridge names it: those names are
+    listed (without a tensor: nothing reads one for a one-to-one or split mapping). Left as they are: mappings
+    with some of their names listed (the layout decides), grouped expert exports (the listing's fused tensor
+    shapes the export), routed experts (the listing says whether the checkpoint stores them fused or one tensor
+    per expert, and Bridge maps both), a tied output layer (Bridge leaves it out itself). Single chunk, single
+    rank.
+    """
+    source = getattr(getattr(bridge.hf_pretrained, "state", None), "source", None)
+    if source is None or not hasattr(source, "add_names") or len(chunks) != 1:
+        return []
+    import itertools
+
+    from megatron.bridge.models.conversion.utils import persistent_buffers
+
+    keys = source.get_all_keys()
+    registry = model_bridge.mapping_registry()
+    language_model = getattr(chunks[0], "language_model", chunks[0])
+    registry.set_process_groups_from_pg_collection(getattr(language_model, "pg_collection", None))
+    absent: list[str] = []
+    for name, _ in itertools.chain(chunks[0].named_parameters(), persistent_buffers(chunks[0])):
+        if ("_extra_state" in name or model_bridge._is_adapter_param_name(name) or "output_layer" in name
+                or _ROUTED_EXPERT in name):
+            continue
+        mapping = registry.megatron_to_hf_lookup(model_bridge._get_lora_unwrapped_name(model_bridge._unwrap_name(name)))
+        if mapping is None or mapping.allow_hf_name_mismatch or getattr(mapping, "is_grouped_export", False):
+            continue
+        names = [mapping.hf_param] if isinstance(mapping.hf_param, str) else list(mapping.hf_param.values())
+        if names and not any(hf_name in keys for hf_name in names):
+            absent.extend(names)
+    if absent:
+        source.add_names(absent)
+        logger.info("weight sync: %d HF tensors Bridge maps are not in the layout transformers writes for this "
+                    "config (first: %s); sized as Bridge's mapping names them", len(absent), sorted(absent)[0])
+    return absent
 
 
 #: A routed expert's tensor as megatron-core's ``SequentialMLP`` names it (the CPU meta build's experts).

@@ -168,6 +168,36 @@ def test_each_part_of_a_published_config_is_counted_exactly(cpu_bridge, folder):
     assert _planned(folder, HF_COUNTS[folder][0]) == _hf_counts(folder)
 
 
+#: Megatron parameters Bridge 0.6.2 maps to no HF tensor: the Qwen3.5 MTP layer's two norms (no mapping)
+NOT_SENT = {"qwen35_vl": ["language_model.mtp.layers.0.mtp_model_layer.input_layernorm.weight",
+                          "language_model.mtp.layers.0.mtp_model_layer.pre_mlp_layernorm.weight"]}
+
+
+@pytest.mark.parametrize("folder", ["qwen25_vl", "qwen2_audio", "qwen35_vl",
+                                    pytest.param("exaone45_vl", marks=pytest.mark.slow)])
+def test_the_sync_of_a_published_config_sends_every_parameter_once(cpu_bridge, folder):
+    """These checkpoints store every parameter as one HF tensor (no fused experts, no tied copy), so one full
+    weight sync in bf16 is 2 bytes per parameter of the independent count (with the MTP layers, which
+    transformers' class does not build, nor write), less what the plan says is not sent. Qwen2-Audio's language
+    model and the MTP layers were left out before: the layout came from transformers' save alone (see
+    sync_bytes._add_mapped_names); nothing said so."""
+    from bridge_freeze_plugin import planning
+    from bridge_freeze_plugin.selection import FreezeSelection
+
+    plan = planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
+                               hf_config=FIXTURES / folder / "config.json")
+    assert plan.sync is not None and plan.sync.dtype == "bfloat16"
+    frozen = sum(p.count.total - p.count.trainable for p in plan.parts)  # Qwen2-Audio's fixed positions
+    assert plan.sync.trainable_bytes == plan.sync.full_bytes - 2 * frozen
+    hidden = json.loads((FIXTURES / folder / "config.json").read_text()).get("text_config", {}).get("hidden_size")
+    not_sent = NOT_SENT.get(folder, [])
+    assert (plan.sync.left_out_tensors, plan.sync.left_out_parameters) == (len(not_sent), len(not_sent) * hidden
+                                                                           if not_sent else 0)
+    assert plan.sync.left_out_first == min(not_sent, default="")
+    assert ("; not sent: " in plan.sync.describe()) == bool(not_sent)
+    assert plan.sync.full_bytes == 2 * (sum(_hf_counts(folder).values()) - plan.sync.left_out_parameters)
+
+
 @pytest.mark.slow  # 61 layers x 384 experts: about 25 s on 2 cores
 def test_kimi_k25_published_config_plans_offline_with_the_published_tensor_sizes(cpu_bridge):
     import torch
