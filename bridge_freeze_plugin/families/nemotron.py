@@ -13,7 +13,9 @@ FAMILIES = [
         name="nemotron_vl",
         description="Nemotron Nano V2 VL (LLaVA: `llava_model.{language_model,vision_model,vision_projection}`)",
         providers=("megatron.bridge.models.nemotron_vl.nemotron_vl_provider:NemotronVLModelProvider",),
-        hf_model_types=("nemotron_vl",),
+        # the published checkpoints (remote code) say NemotronH_Nano_VL_V2; Bridge writes nemotron_vl into the
+        # configs it generates
+        hf_model_types=("NemotronH_Nano_VL_V2", "nemotron_vl"),
         **_LLAVA,
     ),
     FamilySpec(

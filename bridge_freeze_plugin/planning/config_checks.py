@@ -119,6 +119,17 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
             (readable if known else tiny_only).append(f"{hf_type} ({family.name})")
     what = ("remote code (its auto_map names files on the hub, which plan never runs nor downloads)" if remote
             else "a model type")
+    owner = next((family for family in list_families() if model_type in family.hf_model_types), None)
+    if owner is not None:
+        siblings = [t for t in owner.hf_model_types if f"{t} ({owner.name})" in readable]
+        instead = (f"plan a config of the family's type that plan reads ({', '.join(siblings)}: transformers' own "
+                   f"format of the same model), or" if siblings else "plan")
+        return (
+            f"{cfg_file}: `model_type` {model_type!r} is the {owner.name} family's, and {what} that neither "
+            f"transformers {transformers.__version__} nor plan's offline readers build: {instead} the family's "
+            f"tiny configuration (bridge-freeze plan {owner.name} --tiny: the full model's parts and prefixes, "
+            f"not its sizes)"
+        )
     return (
         f"{cfg_file}: `model_type` {model_type!r} is {what} that neither transformers {transformers.__version__} "
         f"nor plan's offline readers know. plan reads configs of these types: {', '.join(readable)}; these "

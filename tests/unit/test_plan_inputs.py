@@ -51,6 +51,18 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
                             "kimi_k25 (kimi_k25_vl)", "install a transformers that has 'no_such_vlm'")),
     "unknown remote-code model_type": ({**_changed("model_type", "no_such_vlm"), "auto_map": {"AutoConfig": "x.Y"}},
                                        ("'no_such_vlm' is remote code (its auto_map names files on the hub",)),
+    # A registered family's remote-code type (the published Nemotron Nano V2 VL type was not registered: the
+    # message listed it nowhere and suggested another family or another transformers).
+    "a registered family's remote type": (
+        {"model_type": "NemotronH_Nano_VL_V2", "architectures": ["NemotronH_Nano_VL_V2"],
+         "auto_map": {"AutoConfig": "configuration.Config"}},
+        ("'NemotronH_Nano_VL_V2' is the nemotron_vl family's, and remote code",
+         "plan the family's tiny configuration (bridge-freeze plan nemotron_vl --tiny")),
+    "a family's remote type with a readable sibling": (
+        {"model_type": "ernie4_5_moe_vl", "auto_map": {"AutoConfig": "configuration.Config"}},
+        ("'ernie4_5_moe_vl' is the ernie45_vl family's",
+         "plan a config of the family's type that plan reads (ernie4_5_vl_moe: transformers' own format",
+         "bridge-freeze plan ernie45_vl --tiny")),
     "string hidden_size": (_changed("text_config.hidden_size", "64"), ('`text_config.hidden_size` = "64" is not',
                                                                         "expected int, got str", "fix the value")),
     "float hidden_size": (_changed("text_config.hidden_size", 64.5), ("`text_config.hidden_size` = 64.5 is not",)),
