@@ -16,8 +16,11 @@ checkpoint to start from without the model hub:
   per-family fields listed in :data:`HF_FAMILIES`. Build it with :func:`bridge_freeze_harness.tiny.build_tiny_chunks`
   (the family's CPU build patches apply).
 
-Families whose Hugging Face checkpoint transformers cannot write offline are in :data:`NO_HF_CHECKPOINT`, with
-the reason. Who imports this package, and why: :mod:`bridge_freeze_harness`.
+A family whose HF class transformers 5.12.1 lacks but Bridge vendors (Qwen3-ASR) names that class's module
+(``model_module``) and the patches that close its transformers-5 gaps (``model_patches``, entered by
+:func:`hf_model_context` around every build, load and forward of it). Families whose Hugging Face checkpoint
+cannot be written offline are in :data:`NO_HF_CHECKPOINT`, with the reason. Who imports this package, and why:
+:mod:`bridge_freeze_harness`.
 """
 
 from __future__ import annotations
@@ -101,6 +104,11 @@ class HFFamily:
     published_prefixes: Mapping[str, str] = field(default_factory=dict)
     #: files a published checkpoint carries beside the weights, written by this function into the directory.
     extra_files: Callable[[Path], None] | None = None
+    #: the module that defines ``model_class`` (a vendored copy where transformers has none).
+    model_module: str = "transformers"
+    #: what building, loading or running ``model_class`` needs under transformers 5.12.1 (a vendored class written
+    #: for transformers 4), applied by :func:`hf_model_context`.
+    model_patches: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
 
 def _qwen3_rope(mrope_section: list[int], **extra: Any) -> dict[str, Any]:
@@ -339,6 +347,25 @@ def _qwen2_audio() -> Any:
 _QWEN2_AUDIO_NAMES = {"language_model.model.model.": "language_model.model."}
 
 
+def _qwen3_asr() -> Any:
+    """Bridge's vendored ``Qwen3ASRConfig`` at the tiny sizes, its text rotary settings as Qwen3-ASR-0.6B's
+    (``rope_scaling``: default type, interleaved M-RoPE, whose section the tiny head_dim needs: Bridge reads it)."""
+    from megatron.bridge.models.qwen3_asr.hf_qwen3_asr.configuration_qwen3_asr import Qwen3ASRConfig
+
+    from bridge_freeze_harness.tiny.qwen3_asr import MROPE_SECTION, thinker_config
+
+    rope = {"rope_type": "default", "mrope_section": list(MROPE_SECTION), "mrope_interleaved": True,
+            "interleaved": True}
+    thinker = thinker_config(**_TEXT, rope_theta=1_000_000.0, rope_scaling=rope)
+    return Qwen3ASRConfig(thinker_config=thinker)
+
+
+def _qwen3_asr_patches() -> contextlib.AbstractContextManager[Any]:
+    from bridge_freeze_harness.tiny.qwen3_asr import hf_model_patches
+
+    return hf_model_patches()
+
+
 def _exaone45_vl() -> Any:
     from bridge_freeze_harness.tiny.exaone45_vl import hf_config
 
@@ -366,6 +393,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen25_omni": HFFamily("Qwen2_5OmniForConditionalGeneration", lambda: _tiny_hf_config("qwen25_omni"),
                             extra_files=_omni_speakers),
     "qwen3_omni": HFFamily("Qwen3OmniMoeForConditionalGeneration", lambda: _tiny_hf_config("qwen3_omni")),
+    # transformers 5.12.1 has no Qwen3-ASR class: the maker's, as Bridge vendors it, with its transformers-5 gaps
+    # closed while it is built, loaded or run (tiny/qwen3_asr.py: hf_model_patches).
+    "qwen3_asr": HFFamily("Qwen3ASRForConditionalGeneration", _qwen3_asr,
+                          model_module="megatron.bridge.models.qwen3_asr.hf_qwen3_asr.modeling_qwen3_asr",
+                          model_patches=_qwen3_asr_patches),
 }
 
 #: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each).
@@ -383,12 +415,6 @@ NO_HF_CHECKPOINT: dict[str, str] = {
         "its HF model (NemotronH_Nano_VL_V2, model_type nemotron_vl) is remote code on the hub, not in "
         "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'); its Mamba layers also "
         "cannot run a forward on the CPU (CUDA-only mamba-ssm kernels)"
-    ),
-    "qwen3_asr": (
-        "transformers 5.12.1 has no Qwen3-ASR model class, and the copy Bridge vendors "
-        "(megatron.bridge.models.qwen3_asr.hf_qwen3_asr.Qwen3ASRForConditionalGeneration) cannot be built with it: "
-        "its text rotary embedding looks up ROPE_INIT_FUNCTIONS['default'], which transformers 5 no longer has "
-        "(KeyError: 'default'), so no checkpoint can be written or loaded back here"
     ),
     "step37": (
         "transformers 5.12.1 has no Step-3.7 model class: Bridge registers only its config (Step37Config) with "
@@ -408,10 +434,19 @@ def hf_family(name: str) -> HFFamily:
 
 
 def model_class(name: str) -> type:
-    """The transformers model class of tiny configuration ``name``'s checkpoint."""
-    import transformers
+    """The HF model class of tiny configuration ``name``'s checkpoint (transformers', or a vendored copy: build,
+    load and run it inside :func:`hf_model_context`)."""
+    import importlib
 
-    return getattr(transformers, hf_family(name).model_class)
+    family = hf_family(name)
+    return getattr(importlib.import_module(family.model_module), family.model_class)
+
+
+def hf_model_context(name: str) -> contextlib.AbstractContextManager[Any]:
+    """What building, loading or running :func:`model_class` of ``name`` needs (its ``model_patches``), or a
+    no-op."""
+    patches = hf_family(name).model_patches
+    return patches() if patches is not None else contextlib.nullcontext()
 
 
 def hf_config(name: str) -> Any:
@@ -497,13 +532,15 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = cls(config)
+        with hf_model_context(family):
+            model = cls(config)
     finally:
         torch.random.set_rng_state(state)
     model.eval()
     randomize_(dict(model.named_parameters()) | dict(model.named_buffers()), seed)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    with hf_model_context(family):
+        model.save_pretrained(directory, safe_serialization=True)
     rename_saved_tensors(directory, hf_family(family).published_prefixes)
     if hf_family(family).extra_files is not None:
         hf_family(family).extra_files(directory)

@@ -89,7 +89,7 @@ def test_help_of_every_subcommand_has_examples():
 
 #: The families the real-loop demo runs here (measured; the others are refused with the reason, below).
 DEMO_FAMILIES = ["exaone45_vl", "gemma3_vl", "qwen25_omni", "qwen25_vl", "qwen2_audio", "qwen35_vl", "qwen35_vl_moe",
-                 "qwen3_omni", "qwen3_vl", "qwen3_vl_moe"]
+                 "qwen3_asr", "qwen3_omni", "qwen3_vl", "qwen3_vl_moe"]
 
 # The parts as HF names (transformers' save_pretrained layout), from the parts' definitions (README, "Which parts"),
 # independent of the plugin's classification and of Bridge's mapping tables.
@@ -119,6 +119,11 @@ QWEN3_OMNI_PARTS = {  # the projection: the merger and the DeepStack mergers; th
     "language_model": r"^thinker\.(model\.|lm_head\.)",
     "vision_model": r"^thinker\.visual\.(?!merger\.|merger_list\.)",
     "vision_projection": r"^thinker\.visual\.(merger|merger_list\.\d+)\.",
+    "audio_model": r"^thinker\.audio_tower\.(?!proj[12]\.)",
+    "audio_projection": r"^thinker\.audio_tower\.proj[12]\.",
+}
+QWEN3_ASR_PARTS = {  # as published (Qwen3-ASR-0.6B): the projector proj1 -> GELU -> proj2 inside the audio tower
+    "language_model": r"^thinker\.(model\.|lm_head\.)",
     "audio_model": r"^thinker\.audio_tower\.(?!proj[12]\.)",
     "audio_projection": r"^thinker\.audio_tower\.proj[12]\.",
 }
@@ -183,14 +188,16 @@ def _expected_table(names, parts: dict[str, str], trainable: set[str], changed: 
         (("qwen25_vl", "--freeze-vision-model"), QWEN25_PARTS, ("language_model", "vision_projection"),
          "train language_model + vision_projection"),
         (("qwen2_audio",), QWEN2_AUDIO_PARTS, ("audio_projection",), "train audio_projection"),
+        # the maker's HF class as Bridge vendors it (transformers 5.12.1 has none), through vlm_step
+        (("qwen3_asr",), QWEN3_ASR_PARTS, ("audio_projection",), "train audio_projection"),
         # Bridge's own Qwen3-Omni step (audio and image in the batch) for both Omni thinkers
         (("qwen25_omni",), QWEN25_OMNI_PARTS, ("vision_projection", "audio_projection"),
          "train vision_projection + audio_projection"),
         (("qwen3_omni",), QWEN3_OMNI_PARTS, ("vision_projection", "audio_projection"),
          "train vision_projection + audio_projection"),
     ],
-    ids=["qwen3_vl-default", "qwen25_vl-freeze-vision", "qwen2_audio-default", "qwen25_omni-default",
-         "qwen3_omni-default"],
+    ids=["qwen3_vl-default", "qwen25_vl-freeze-vision", "qwen2_audio-default", "qwen3_asr-default",
+         "qwen25_omni-default", "qwen3_omni-default"],
 )
 def test_demo_runs_the_real_flow_and_proves_it_from_the_export(forked_command, tmp_path, args, parts, trains,
                                                                 described):

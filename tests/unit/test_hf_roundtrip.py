@@ -14,7 +14,10 @@ AdamW steps -> ``export_hf_weights`` / ``save_hf_pretrained``. Per family:
     tensor) into tensors equal to the export (checked by saving the loaded model again with transformers);
 (d) LoRA with full-rank parts (Qwen3-VL): the merged export carries the projection's full-rank change and the
     adapters merged into the attention weights, nothing else;
-(e) the plugin opted out (``deactivate()``) exports bit-identically to the plugin active with no flag set.
+(e) the plugin opted out (``deactivate()``) exports bit-identically to the plugin active with no flag set;
+(f) where the HF class is not transformers' own (Qwen3-ASR: the maker's, as Bridge vendors it, built and loaded inside
+    its family's ``model_patches``), the converted Megatron model gives that class's logits on the same input, and
+    the patches' "default" rotary initialiser is transformers 5's own formula.
 
 A family whose checkpoint transformers cannot write offline is listed with the measured reason
 (``NO_HF_CHECKPOINT``). One tiny model per family, built once per module: the twelve round trips take about
@@ -92,6 +95,10 @@ CASES: dict[str, Case] = {
     # Both projections (the Omni thinker's audio projection lives inside the audio tower in HF names too).
     "qwen25_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger\.|audio_tower\.proj\.)"),
     "qwen3_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger(_list\.\d+)?\.|audio_tower\.proj[12]\.)"),
+    # The audio projection alone: Qwen3-ASR's projector (proj1 -> GELU -> proj2) sits inside the HF audio tower,
+    # whose sinusoidal positions are a non-persistent buffer (not in the file).
+    "qwen3_asr": Case({"freeze_language_model": True, "freeze_audio_model": True},
+                      r"^thinker\.audio_tower\.proj[12]\."),
 }
 
 
@@ -235,26 +242,27 @@ def test_training_changes_exactly_the_selected_hf_tensors(family, roundtrip):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_saved_checkpoint_is_the_export_and_loads_in_transformers(family, roundtrip, tmp_path):
-    from bridge_freeze_harness.hf_checkpoint import model_class
+    from bridge_freeze_harness.hf_checkpoint import hf_model_context, model_class
 
     run = roundtrip(family)
     assert differences(run["after"], read_safetensors(run["saved"])) == []
     cls = model_class(family)
     load = cls.from_pretrained
-    if family in BRIDGE_EXPORT_DROPS:  # Bridge's gap, not the plugin's: shown, then the file put back
-        dropped = BRIDGE_EXPORT_DROPS[family]
-        assert not (run["saved"] / dropped).exists()
-        shutil.copy(run["checkpoint"] / dropped, run["saved"] / dropped)
-        cls.from_pretrained(run["saved"])  # a user's load (reads the speaker table)
-        # transformers 5.12.1's Omni from_pretrained cannot return loading info (it hands the tuple to
-        # load_speakers): the weights are checked through the generic loader it wraps.
-        from transformers import PreTrainedModel
+    with hf_model_context(family):  # a vendored class's transformers-5 gaps closed (Qwen3-ASR), else nothing
+        if family in BRIDGE_EXPORT_DROPS:  # Bridge's gap, not the plugin's: shown, then the file put back
+            dropped = BRIDGE_EXPORT_DROPS[family]
+            assert not (run["saved"] / dropped).exists()
+            shutil.copy(run["checkpoint"] / dropped, run["saved"] / dropped)
+            cls.from_pretrained(run["saved"])  # a user's load (reads the speaker table)
+            # transformers 5.12.1's Omni from_pretrained cannot return loading info (it hands the tuple to
+            # load_speakers): the weights are checked through the generic loader it wraps.
+            from transformers import PreTrainedModel
 
-        load = functools.partial(PreTrainedModel.from_pretrained.__func__, cls)
-    model, info = load(run["saved"], output_loading_info=True)
-    assert {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v} == {}
-    assert info.get("error_msgs", []) == []
-    model.save_pretrained(tmp_path / "resaved")  # transformers' own names back: the tensors it loaded
+            load = functools.partial(PreTrainedModel.from_pretrained.__func__, cls)
+        model, info = load(run["saved"], output_loading_info=True)
+        assert {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v} == {}
+        assert info.get("error_msgs", []) == []
+        model.save_pretrained(tmp_path / "resaved")  # transformers' own names back: the tensors it loaded
     assert differences(run["after"], read_safetensors(tmp_path / "resaved")) == []
 
 
@@ -348,3 +356,95 @@ def test_without_the_plugin_bridges_own_freeze_changes_vision_tensors_too(family
     changed = changed_names(original, run["after"])
     assert changed - expected == BRIDGE_OWN_FREEZE_ALSO_TRAINS[family]
     assert expected <= changed
+
+
+# --- (f) the converted model's forward is the HF class's ----------------------------------------------------------
+
+#: Families whose HF class is not transformers' own (a vendored copy, built and loaded inside its family's patches):
+#: the converted Megatron model's logits are compared with that class's, on the same input and the same weights.
+FORWARD_FAMILIES = ["qwen3_asr"]
+
+
+@pytest.mark.parametrize("family", FORWARD_FAMILIES)
+def test_converted_model_gives_the_hf_class_logits(family, roundtrip):
+    """The trained Megatron chunk and the HF class loaded from its ``save_hf_pretrained`` folder, on one synthetic
+    batch (audio features and text): the same logits up to float32 rounding (different attention kernels)."""
+    import torch
+
+    from bridge_freeze_harness.forward import forward_patches
+    from bridge_freeze_harness.hf_checkpoint import hf_model_context, model_class
+    from bridge_freeze_harness.train import synthetic_batch, train_spec
+
+    run = roundtrip(family)
+    chunk = run["chunks"][0]
+    batch = synthetic_batch(family, chunk.config, batch_size=2, seed=3)
+    with hf_model_context(family):
+        hf_model = model_class(family).from_pretrained(run["saved"])
+        hf_model.eval()
+        chunk.eval()
+        try:
+            with torch.no_grad(), forward_patches(family):
+                kwargs = {k: v for k, v in train_spec(family).forward_kwargs(batch).items()
+                          if k not in ("labels", "loss_mask")}
+                ours = chunk(**kwargs)
+                theirs = hf_model.thinker(input_ids=batch["input_ids"], input_features=batch["input_features"],
+                                          feature_attention_mask=batch["feature_attention_mask"]).logits
+        finally:
+            chunk.train()
+    assert ours.shape == theirs.shape
+    logger.info("%s: max |logit difference| %.3g", family, (ours - theirs).abs().max())
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_qwen3_asr_default_rope_is_transformers_own_formula(cpu_bridge):
+    """The "default" rotary init the Qwen3-ASR patches give the vendored class equals transformers 5's own default
+    initialisers (Qwen3's, and GLM's with a partial rotary factor), bit for bit, on the published 0.6B text config
+    and the tiny one."""
+    import json
+
+    import torch
+    from megatron.bridge.models.qwen3_asr.hf_qwen3_asr.configuration_qwen3_asr import Qwen3ASRTextConfig
+    from transformers import GlmConfig, Qwen3Config
+    from transformers.models.glm.modeling_glm import GlmRotaryEmbedding
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    from bridge_freeze_harness.hf_checkpoint import hf_config
+    from bridge_freeze_harness.tiny.qwen3_asr import default_rope_parameters
+
+    published = json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs" / "qwen3_asr" / "config.json")
+                           .read_text())["thinker_config"]["text_config"]
+    for text in (Qwen3ASRTextConfig(**published), hf_config("qwen3_asr").thinker_config.text_config):
+        reference = Qwen3Config(hidden_size=text.hidden_size, num_attention_heads=text.num_attention_heads,
+                                head_dim=text.head_dim, rope_parameters={"rope_type": "default",
+                                                                         "rope_theta": text.rope_theta})
+        ours, scaling = default_rope_parameters(text)
+        theirs, their_scaling = Qwen3RotaryEmbedding.compute_default_rope_parameters(reference)
+        assert ours.shape == (text.head_dim // 2,) and torch.equal(ours, theirs) and scaling == their_scaling == 1.0
+    glm = GlmConfig(hidden_size=64, num_attention_heads=4, head_dim=16,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5})
+    assert torch.equal(default_rope_parameters(glm)[0], GlmRotaryEmbedding.compute_default_rope_parameters(glm)[0])
+
+
+def test_qwen3_asr_patches_apply_only_inside_their_context(cpu_bridge):
+    """Outside ``hf_model_context`` the vendored class still cannot be built with transformers 5 (the gaps are
+    Bridge's and transformers' own, left as they are); inside it builds; on exit every patched name is back."""
+    import torch
+    from megatron.bridge.models.qwen3_asr.hf_qwen3_asr import configuration_qwen3_asr, modeling_qwen3_asr
+    from transformers import modeling_rope_utils
+
+    from bridge_freeze_harness.hf_checkpoint import hf_config, hf_model_context, model_class
+
+    cls, config = model_class("qwen3_asr"), hf_config("qwen3_asr")
+    watched = [(modeling_qwen3_asr, "create_causal_mask"),
+               (modeling_qwen3_asr.Qwen3ASRPreTrainedModel, "_init_weights"),
+               (modeling_qwen3_asr.Qwen3ASRThinkerForConditionalGeneration, "_tied_weights_keys")]
+    before = [getattr(target, name) for target, name in watched]
+    with pytest.raises(AttributeError, match="pad_token_id"), torch.device("meta"):
+        cls(config)
+    with hf_model_context("qwen3_asr"), torch.device("meta"):
+        assert sum(p.numel() for p in cls(config).parameters()) > 0
+    assert "default" not in modeling_rope_utils.ROPE_INIT_FUNCTIONS
+    assert not hasattr(configuration_qwen3_asr.Qwen3ASRThinkerConfig, "pad_token_id")
+    assert not hasattr(configuration_qwen3_asr.Qwen3ASRTextConfig, "pad_token_id")
+    assert not hasattr(modeling_qwen3_asr.Qwen3ASRThinkerTextRotaryEmbedding, "compute_default_rope_parameters")
+    assert [getattr(target, name) for target, name in watched] == before

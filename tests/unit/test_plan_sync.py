@@ -127,6 +127,16 @@ def test_plan_sync_of_qwen2_audio_equals_a_real_export(checkpoints):  # noqa: F8
     check_against_export(planned, run, lambda n: n.startswith("multi_modal_projector."), "float32")
 
 
+def test_plan_sync_of_qwen3_asr_equals_a_real_export(checkpoints):  # noqa: F811
+    """Qwen3-ASR's HF class is not transformers' (the maker's, as Bridge vendors it), so the plan sizes the sync
+    from Bridge's conversion of the config alone; the real export of a real checkpoint (the vendored class's
+    ``save_pretrained``) must be what it planned. Audio projection only: ``proj1`` / ``proj2`` in the audio tower."""
+    run = train_and_export(checkpoints("qwen3_asr"), "qwen3_asr", **AUDIO_PROJECTION_ONLY)
+    assert any(n.startswith("thinker.model.layers.") for n, _ in run["full"])
+    planned = plan(checkpoints("qwen3_asr"), AUDIO_PROJECTION_ONLY)
+    check_against_export(planned, run, lambda n: bool(re.match(r"thinker\.audio_tower\.proj[12]\.", n)), "float32")
+
+
 def test_plan_sync_in_bf16_equals_an_export_cast_to_bf16(checkpoints, exported):  # noqa: F811
     import torch
 
