@@ -121,9 +121,13 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
             else "a model type")
     owner = next((family for family in list_families() if model_type in family.hf_model_types), None)
     if owner is not None:
-        siblings = [t for t in owner.hf_model_types if f"{t} ({owner.name})" in readable]
-        instead = (f"plan a config of the family's type that plan reads ({', '.join(siblings)}: transformers' own "
-                   f"format of the same model), or" if siblings else "plan")
+        siblings = [
+            f"{t}: " + ("the maker's remote-code format of the same model, read offline" if t in OFFLINE_TYPES
+                        else "transformers' own format of the same model")
+            for t in owner.hf_model_types if f"{t} ({owner.name})" in readable
+        ]
+        instead = (f"plan a config of the family's type that plan reads ({'; '.join(siblings)}), or" if siblings
+                   else "plan")
         return (
             f"{cfg_file}: `model_type` {model_type!r} is the {owner.name} family's, and {what} that neither "
             f"transformers {transformers.__version__} nor plan's offline readers build: {instead} the family's "

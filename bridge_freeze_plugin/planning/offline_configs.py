@@ -10,6 +10,10 @@ stand-ins for, the config is read here into the objects Megatron-Bridge's conver
   hub look-ups (remote vision classes, vision config) are answered by the harness's ``kimi_k25_vl``
   ``cpu_patches`` for this config's folder (:func:`bridge_freeze_harness.tiny.kimi_k25_vl.register_offline_model`),
   with structural stand-ins whose parameter names and shapes are the published checkpoint's.
+- ``NemotronH_Nano_VL_V2`` (Nemotron Nano V2 VL): a wrapper whose ``llm_config`` is transformers' own
+  ``nemotron_h`` (read with transformers' ``NemotronHConfig``); Bridge's conversion reads nothing else and builds
+  the RADIO tower and the projector from its provider alone, so no remote piece is needed. The other wrapper keys
+  (``vision_config``, ``vit_hidden_size``, ...) are kept as published, as plain values.
 
 :data:`OFFLINE_TYPES` lists them; :mod:`.config_checks` lets them through and names them in its message for a
 ``model_type`` nothing here knows.
@@ -17,6 +21,7 @@ stand-ins for, the config is read here into the objects Megatron-Bridge's conver
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,9 +58,42 @@ def _kimi_k25(doc: dict[str, Any], cfg_file: Path) -> Any:
     return config
 
 
+def native_sub_configs(*keys: str) -> Callable[[dict[str, Any], Path], Any]:
+    """A reader for a remote-code wrapper whose sub-configs ``keys`` are types transformers has itself.
+
+    Each sub-config is read by transformers' own class for the ``model_type`` written in it (its remote-code keys
+    dropped); the wrapper's other keys are kept as published, as plain values on a ``PretrainedConfig``.
+    """
+
+    def read(doc: dict[str, Any], cfg_file: Path) -> Any:
+        import transformers
+        from transformers import AutoConfig, PretrainedConfig
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        sub_configs = {}
+        for key in keys:
+            sub = doc.get(key)
+            if not isinstance(sub, dict):
+                raise PlanError(f"{cfg_file}: a {doc['model_type']} config needs a `{key}` object (the published "
+                                f"config.json has one): give the model's own config.json")
+            sub_type = sub.get("model_type")
+            if sub_type not in CONFIG_MAPPING_NAMES:
+                raise PlanError(f"{cfg_file}: `{key}.model_type` is {json.dumps(sub_type)}, not a type transformers "
+                                f"{transformers.__version__} knows: give the model's own config.json")
+            sub_configs[key] = AutoConfig.for_model(sub_type, **{k: v for k, v in sub.items()
+                                                                 if k not in _REMOTE_KEYS})
+        config = PretrainedConfig(**{k: v for k, v in doc.items() if k not in (*keys, "model_type")})
+        for key, sub_config in sub_configs.items():
+            setattr(config, key, sub_config)
+        return config
+
+    return read
+
+
 #: Remote-code ``model_type`` -> (registry family, reader of the config.json's JSON object).
 OFFLINE_TYPES: dict[str, tuple[str, Callable[[dict[str, Any], Path], Any]]] = {
     "kimi_k25": ("kimi_k25_vl", _kimi_k25),
+    "NemotronH_Nano_VL_V2": ("nemotron_vl", native_sub_configs("llm_config")),
 }
 
 

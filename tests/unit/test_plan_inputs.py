@@ -51,18 +51,32 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
                             "kimi_k25 (kimi_k25_vl)", "install a transformers that has 'no_such_vlm'")),
     "unknown remote-code model_type": ({**_changed("model_type", "no_such_vlm"), "auto_map": {"AutoConfig": "x.Y"}},
                                        ("'no_such_vlm' is remote code (its auto_map names files on the hub",)),
-    # A registered family's remote-code type (the published Nemotron Nano V2 VL type was not registered: the
-    # message listed it nowhere and suggested another family or another transformers).
+    # A registered family's remote-code type that plan cannot read (Nemotron Omni's; the published Nemotron Nano V2
+    # VL type, once unregistered, was listed nowhere and the message suggested another family or transformers).
     "a registered family's remote type": (
-        {"model_type": "NemotronH_Nano_VL_V2", "architectures": ["NemotronH_Nano_VL_V2"],
+        {"model_type": "NemotronH_Nano_Omni_Reasoning_V3", "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"],
          "auto_map": {"AutoConfig": "configuration.Config"}},
-        ("'NemotronH_Nano_VL_V2' is the nemotron_vl family's, and remote code",
-         "plan the family's tiny configuration (bridge-freeze plan nemotron_vl --tiny")),
+        ("'NemotronH_Nano_Omni_Reasoning_V3' is the nemotron_omni family's, and remote code",
+         "plan the family's tiny configuration (bridge-freeze plan nemotron_omni --tiny")),
     "a family's remote type with a readable sibling": (
         {"model_type": "ernie4_5_moe_vl", "auto_map": {"AutoConfig": "configuration.Config"}},
         ("'ernie4_5_moe_vl' is the ernie45_vl family's",
          "plan a config of the family's type that plan reads (ernie4_5_vl_moe: transformers' own format",
          "bridge-freeze plan ernie45_vl --tiny")),
+    # Bridge's generated-config type of Nemotron Nano V2 VL: the published type is read offline
+    "a family's type with a sibling read offline": (
+        {"model_type": "nemotron_vl", "auto_map": {"AutoConfig": "configuration.Config"}},
+        ("'nemotron_vl' is the nemotron_vl family's",
+         "(NemotronH_Nano_VL_V2: the maker's remote-code format of the same model, read offline)")),
+    # The published Nemotron Nano V2 VL type is read offline: its language model's config must be there
+    "a wrapper read offline without its sub-config": (
+        {"model_type": "NemotronH_Nano_VL_V2", "architectures": ["NemotronH_Nano_VL_V2"],
+         "auto_map": {"AutoConfig": "configuration.Config"}},
+        ("a NemotronH_Nano_VL_V2 config needs a `llm_config` object",)),
+    "a wrapper read offline with an unknown sub-config type": (
+        {"model_type": "NemotronH_Nano_VL_V2", "architectures": ["NemotronH_Nano_VL_V2"],
+         "llm_config": {"model_type": "no_such_lm", "hidden_size": 64}},
+        ("`llm_config.model_type` is \"no_such_lm\", not a type transformers",)),
     "string hidden_size": (_changed("text_config.hidden_size", "64"), ('`text_config.hidden_size` = "64" is not',
                                                                         "expected int, got str", "fix the value")),
     "float hidden_size": (_changed("text_config.hidden_size", 64.5), ("`text_config.hidden_size` = 64.5 is not",)),
