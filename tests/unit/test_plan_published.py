@@ -215,6 +215,51 @@ def test_kimi_k25_published_config_plans_offline_with_the_published_tensor_sizes
                        "vision_projection": projection}
 
 
+def test_nemotron_nano_v2_vl_config_plans_offline_with_each_part_counted_exactly(cpu_bridge):
+    """Nemotron Nano V2 VL (``NemotronH_Nano_VL_V2``, hub remote code; the fixture is a reconstruction, each piece in
+    its SOURCE), refused before: plan reads its ``llm_config`` with transformers' ``NemotronHConfig``. The language
+    model is counted by transformers' NemotronHForCausalLM on the meta device (the checkpoint's
+    ``language_model.backbone.*`` and ``language_model.lm_head``). transformers has no RADIO tower, so the vision
+    side is counted term by term from the config's own fields: each term is one checkpoint tensor that Bridge's
+    NemotronVLBridge.mapping_registry maps (``vision_model.radio_model.model.*``, ``mlp1.*``)."""
+    import torch
+    from transformers import AutoConfig, NemotronHForCausalLM
+
+    doc = json.loads((FIXTURES / "nemotron_vl" / "config.json").read_text())
+    text = {k: v for k, v in doc["llm_config"].items() if k not in ("auto_map", "architectures", "model_type")}
+    with torch.device("meta"):
+        lm = NemotronHForCausalLM(AutoConfig.for_model("nemotron_h", **text))
+
+    width = doc["vit_hidden_size"]  # RADIO v2.5-H's width, 1280
+    patch = doc["vision_config"]["patch_size"]  # 16
+    # ViT-H/16 (radio_v2.5-h is timm's vit_huge_patch16_224): 32 blocks, MLP ratio 4. No config field says so;
+    # Bridge's provider hard-codes the same (num_layers 32, ffn_hidden_size 5120).
+    depth, mlp = 32, 4 * width
+    block = (2 * width  # blocks.N.norm1.{weight,bias} (LayerNorm)
+             + width * 3 * width + 3 * width  # blocks.N.attn.qkv.{weight,bias}
+             + width * width + width  # blocks.N.attn.proj.{weight,bias}
+             + 2 * width  # blocks.N.norm2.{weight,bias}
+             + width * mlp + mlp  # blocks.N.mlp.fc1.{weight,bias}
+             + mlp * width + width)  # blocks.N.mlp.fc2.{weight,bias}
+    # The class/register tokens (patch_generator.cls_token.token): 16 rows. Bridge's provider passes
+    # use_vision_backbone_fp8_arch=True, with which megatron-core's LLaVAModel builds RADIO's class tokens as 16
+    # rows (llava_model.py: class_token_len = 16), and Bridge copies the checkpoint tensor onto it one to one
+    # (AutoMapping), so a checkpoint Bridge imports holds 16 rows there too (Bridge documents importing this one;
+    # no tensor listing of it was found to confirm). Not a config field.
+    class_tokens = 16 * width
+    # patch_generator.pos_embed: RADIO's position table for images up to max_resolution px (2048 / 16 = 128 per side)
+    positions = (doc["vision_config"]["max_resolution"] // patch) ** 2 * width
+    embedder = 3 * patch * patch * width  # patch_generator.embedder.weight: RGB patch -> width, no bias
+    vision = class_tokens + positions + embedder + depth * block  # no final norm: none is mapped
+    # mlp1: the pixel shuffle (downsample_ratio 0.5) concatenates 2 x 2 patches, so its input is 4 x width
+    projector_in = round(width / doc["downsample_ratio"] ** 2)
+    projection = (projector_in  # mlp1.0.weight (the norm; no bias is mapped)
+                  + projector_in * doc["projector_hidden_size"]  # mlp1.1.weight (no bias)
+                  + doc["projector_hidden_size"] * doc["llm_config"]["hidden_size"])  # mlp1.3.weight (no bias)
+    assert _planned("nemotron_vl") == {"language_model": sum(p.numel() for p in lm.parameters()),
+                                       "vision_model": vision, "vision_projection": projection}
+
+
 def test_kimi_k25_vision_stand_ins_have_the_published_tensor_names_and_shapes(cpu_bridge):
     """The offline stand-ins the plan builds Kimi's vision side with, at full size: name for name and shape for
     shape the published checkpoint's ``vision_tower.**`` / ``mm_projector.**`` tensors."""
@@ -287,23 +332,21 @@ def test_a_type_bridge_registers_itself_plans_from_its_config_json(cpu_bridge, t
     assert {p.count.part.value: p.count.total for p in plan.parts} == expected
 
 
-def test_qwen3_asr_published_config_is_counted_exactly(cpu_bridge, monkeypatch):
+def test_qwen3_asr_published_config_is_counted_exactly(cpu_bridge):
     """Qwen3-ASR-0.6B's published config.json: transformers has no class for it, so the independent count is the
-    maker's modelling code as Bridge vendors it (hf_qwen3_asr), on the meta device."""
+    maker's modelling code as Bridge vendors it (hf_qwen3_asr), on the meta device, built in the harness's
+    context that closes its transformers-5 gaps (none of them a parameter: a rope init, a pad id, a tie list)."""
     import torch
     from megatron.bridge.models.qwen3_asr.hf_qwen3_asr.modeling_qwen3_asr import Qwen3ASRForConditionalGeneration
-    from transformers import AutoConfig, modeling_rope_utils
+    from transformers import AutoConfig
 
-    # Two transformers-5 gaps of the vendored class, neither a parameter: its text rotary embedding looks up
-    # ROPE_INIT_FUNCTIONS["default"] (gone in transformers 5; it only makes the non-persistent inv_freq buffer),
-    # and its thinker reads config.pad_token_id (no longer a PretrainedConfig default).
-    monkeypatch.setitem(modeling_rope_utils.ROPE_INIT_FUNCTIONS, "default",
-                        lambda config, device=None: (torch.ones(config.head_dim // 2), 1.0))
+    from bridge_freeze_harness.hf_checkpoint import hf_model_context
+
     config_file = FIXTURES / "qwen3_asr" / "config.json"
-    config = AutoConfig.from_pretrained(str(config_file))
-    config.thinker_config.pad_token_id = None
-    with torch.device("meta"):
-        model = Qwen3ASRForConditionalGeneration(config)
+    with hf_model_context("qwen3_asr"):
+        config = AutoConfig.from_pretrained(str(config_file))
+        with torch.device("meta"):
+            model = Qwen3ASRForConditionalGeneration(config)
     rule = [(r"thinker\.audio_tower\.proj[12]\.", "audio_projection"), (r"thinker\.audio_tower\.", "audio_model")]
     expected = {"language_model": 0, "audio_model": 0, "audio_projection": 0}
     for name, param in model.named_parameters():
