@@ -14,6 +14,13 @@ stand-ins for, the config is read here into the objects Megatron-Bridge's conver
   ``nemotron_h`` (read with transformers' ``NemotronHConfig``); Bridge's conversion reads nothing else and builds
   the RADIO tower and the projector from its provider alone, so no remote piece is needed. The other wrapper keys
   (``vision_config``, ``vit_hidden_size``, ...) are kept as published, as plain values.
+- ``NemotronH_Nano_Omni_Reasoning_V3`` (Nemotron 3 Nano Omni): the same wrapper with a ``sound_config``; its
+  ``llm_config`` is read the same way. Bridge's ``NemotronOmniBridge`` also reads ``sound_config`` (Parakeet sizes,
+  by attribute and ``to_dict()``) and ``vision_config.separate_video_embedder`` (by attribute: the published
+  ``true`` adds RADIO's video embedder), which the maker's config class holds as config objects of its own
+  (``SoundConfig``, ``RADIOConfig``: each published key an attribute); they are read as such, as plain
+  ``PretrainedConfig`` objects. The towers themselves come from Bridge's provider and transformers'
+  ``ParakeetEncoder``, so no remote piece is needed.
 
 :data:`OFFLINE_TYPES` lists them; :mod:`.config_checks` lets them through and names them in its message for a
 ``model_type`` nothing here knows.
@@ -58,11 +65,14 @@ def _kimi_k25(doc: dict[str, Any], cfg_file: Path) -> Any:
     return config
 
 
-def native_sub_configs(*keys: str) -> Callable[[dict[str, Any], Path], Any]:
+def native_sub_configs(*keys: str, objects: tuple[str, ...] = ()) -> Callable[[dict[str, Any], Path], Any]:
     """A reader for a remote-code wrapper whose sub-configs ``keys`` are types transformers has itself.
 
     Each sub-config is read by transformers' own class for the ``model_type`` written in it (its remote-code keys
-    dropped); the wrapper's other keys are kept as published, as plain values on a ``PretrainedConfig``.
+    dropped); the wrapper's other keys are kept as published, as plain values on a ``PretrainedConfig``, except
+    ``objects``: keys whose JSON objects the maker's remote config class holds as config objects of its own (each
+    published key an attribute, ``model_type`` included), read as such, a ``PretrainedConfig`` each, so that a
+    conversion reading ``config.<key>.<field>`` sees the published value. One absent or null is kept as published.
     """
 
     def read(doc: dict[str, Any], cfg_file: Path) -> Any:
@@ -82,7 +92,15 @@ def native_sub_configs(*keys: str) -> Callable[[dict[str, Any], Path], Any]:
                                 f"{transformers.__version__} knows: give the model's own config.json")
             sub_configs[key] = AutoConfig.for_model(sub_type, **{k: v for k, v in sub.items()
                                                                  if k not in _REMOTE_KEYS})
-        config = PretrainedConfig(**{k: v for k, v in doc.items() if k not in (*keys, "model_type")})
+        for key in objects:
+            sub = doc.get(key)
+            if sub is None:
+                continue
+            if not isinstance(sub, dict):
+                raise PlanError(f"{cfg_file}: `{key}` is {json.dumps(sub)}, not a JSON object (the published "
+                                f"config.json has one): give the model's own config.json")
+            sub_configs[key] = PretrainedConfig(**sub)
+        config = PretrainedConfig(**{k: v for k, v in doc.items() if k not in (*sub_configs, *keys, "model_type")})
         for key, sub_config in sub_configs.items():
             setattr(config, key, sub_config)
         return config
@@ -94,6 +112,8 @@ def native_sub_configs(*keys: str) -> Callable[[dict[str, Any], Path], Any]:
 OFFLINE_TYPES: dict[str, tuple[str, Callable[[dict[str, Any], Path], Any]]] = {
     "kimi_k25": ("kimi_k25_vl", _kimi_k25),
     "NemotronH_Nano_VL_V2": ("nemotron_vl", native_sub_configs("llm_config")),
+    "NemotronH_Nano_Omni_Reasoning_V3": ("nemotron_omni", native_sub_configs(
+        "llm_config", objects=("vision_config", "sound_config"))),
 }
 
 

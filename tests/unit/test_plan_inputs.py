@@ -51,13 +51,16 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
                             "kimi_k25 (kimi_k25_vl)", "install a transformers that has 'no_such_vlm'")),
     "unknown remote-code model_type": ({**_changed("model_type", "no_such_vlm"), "auto_map": {"AutoConfig": "x.Y"}},
                                        ("'no_such_vlm' is remote code (its auto_map names files on the hub",)),
-    # A registered family's remote-code type that plan cannot read (Nemotron Omni's; the published Nemotron Nano V2
-    # VL type, once unregistered, was listed nowhere and the message suggested another family or transformers).
-    "a registered family's remote type": (
+    # Nemotron Omni's published type is read offline too (it was the example of a registered family's remote type
+    # plan cannot read): its language model's config must be there, and its sound / vision configs are objects.
+    "Nemotron Omni without its language model config": (
         {"model_type": "NemotronH_Nano_Omni_Reasoning_V3", "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"],
          "auto_map": {"AutoConfig": "configuration.Config"}},
-        ("'NemotronH_Nano_Omni_Reasoning_V3' is the nemotron_omni family's, and remote code",
-         "plan the family's tiny configuration (bridge-freeze plan nemotron_omni --tiny")),
+        ("a NemotronH_Nano_Omni_Reasoning_V3 config needs a `llm_config` object",)),
+    "Nemotron Omni with a sound_config that is not an object": (
+        {"model_type": "NemotronH_Nano_Omni_Reasoning_V3", "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"],
+         "llm_config": {"model_type": "nemotron_h", "hidden_size": 64}, "sound_config": [1024]},
+        ("`sound_config` is [1024], not a JSON object",)),
     "a family's remote type with a readable sibling": (
         {"model_type": "ernie4_5_moe_vl", "auto_map": {"AutoConfig": "configuration.Config"}},
         ("'ernie4_5_moe_vl' is the ernie45_vl family's",
