@@ -230,10 +230,25 @@ def test_nemotron_nano_v2_vl_config_plans_offline_with_each_part_counted_exactly
     with torch.device("meta"):
         lm = NemotronHForCausalLM(AutoConfig.for_model("nemotron_h", **text))
 
-    width = doc["vit_hidden_size"]  # RADIO v2.5-H's width, 1280
+    # The class/register tokens (patch_generator.cls_token.token): 16 rows. Bridge's provider passes
+    # use_vision_backbone_fp8_arch=True, with which megatron-core's LLaVAModel builds RADIO's class tokens as 16
+    # rows (llava_model.py: class_token_len = 16), and Bridge copies the checkpoint tensor onto it one to one
+    # (AutoMapping), so a checkpoint Bridge imports holds 16 rows there too (Bridge documents importing this one;
+    # no tensor listing of it was found to confirm). Not a config field.
+    vision, projection = _radio_tower_and_mlp1(doc, class_token_rows=16)
+    assert _planned("nemotron_vl") == {"language_model": sum(p.numel() for p in lm.parameters()),
+                                       "vision_model": vision, "vision_projection": projection}
+
+
+def _radio_tower_and_mlp1(doc: dict, class_token_rows: int, video_frames: int = 0) -> tuple[int, int]:
+    """(RADIO tower, ``mlp1`` projector) parameters of a Nemotron VL / Omni wrapper config ``doc``, term by term
+    from its fields; each term is one checkpoint tensor Bridge's NemotronVLBridge.mapping_registry maps
+    (``vision_model.radio_model.model.*``, ``mlp1.*``). ``video_frames``: the frames of the separate video patch
+    embedder (0: none)."""
+    width = doc["vit_hidden_size"]  # RADIO's width, 1280
     patch = doc["vision_config"]["patch_size"]  # 16
-    # ViT-H/16 (radio_v2.5-h is timm's vit_huge_patch16_224): 32 blocks, MLP ratio 4. No config field says so;
-    # Bridge's provider hard-codes the same (num_layers 32, ffn_hidden_size 5120).
+    # ViT-H/16 (radio_v2.5-h / c-radio_v4-h are timm's vit_huge_patch16_224): 32 blocks, MLP ratio 4. No config
+    # field says so; Bridge's provider hard-codes the same (num_layers 32, ffn_hidden_size 5120).
     depth, mlp = 32, 4 * width
     block = (2 * width  # blocks.N.norm1.{weight,bias} (LayerNorm)
              + width * 3 * width + 3 * width  # blocks.N.attn.qkv.{weight,bias}
@@ -241,23 +256,63 @@ def test_nemotron_nano_v2_vl_config_plans_offline_with_each_part_counted_exactly
              + 2 * width  # blocks.N.norm2.{weight,bias}
              + width * mlp + mlp  # blocks.N.mlp.fc1.{weight,bias}
              + mlp * width + width)  # blocks.N.mlp.fc2.{weight,bias}
-    # The class/register tokens (patch_generator.cls_token.token): 16 rows. Bridge's provider passes
-    # use_vision_backbone_fp8_arch=True, with which megatron-core's LLaVAModel builds RADIO's class tokens as 16
-    # rows (llava_model.py: class_token_len = 16), and Bridge copies the checkpoint tensor onto it one to one
-    # (AutoMapping), so a checkpoint Bridge imports holds 16 rows there too (Bridge documents importing this one;
-    # no tensor listing of it was found to confirm). Not a config field.
-    class_tokens = 16 * width
+    class_tokens = class_token_rows * width  # patch_generator.cls_token.token
     # patch_generator.pos_embed: RADIO's position table for images up to max_resolution px (2048 / 16 = 128 per side)
     positions = (doc["vision_config"]["max_resolution"] // patch) ** 2 * width
     embedder = 3 * patch * patch * width  # patch_generator.embedder.weight: RGB patch -> width, no bias
-    vision = class_tokens + positions + embedder + depth * block  # no final norm: none is mapped
+    # patch_generator.video_embedder.weight: a tubelet of video_frames RGB patches -> width, no bias
+    video_embedder = video_frames * 3 * patch * patch * width
+    vision = class_tokens + positions + embedder + video_embedder + depth * block  # no final norm: none is mapped
     # mlp1: the pixel shuffle (downsample_ratio 0.5) concatenates 2 x 2 patches, so its input is 4 x width
     projector_in = round(width / doc["downsample_ratio"] ** 2)
     projection = (projector_in  # mlp1.0.weight (the norm; no bias is mapped)
                   + projector_in * doc["projector_hidden_size"]  # mlp1.1.weight (no bias)
                   + doc["projector_hidden_size"] * doc["llm_config"]["hidden_size"])  # mlp1.3.weight (no bias)
-    assert _planned("nemotron_vl") == {"language_model": sum(p.numel() for p in lm.parameters()),
-                                       "vision_model": vision, "vision_projection": projection}
+    return vision, projection
+
+
+def test_nemotron_omni_config_plans_offline_with_each_part_counted_exactly(cpu_bridge):
+    """Nemotron 3 Nano Omni (``NemotronH_Nano_Omni_Reasoning_V3``, hub remote code; the fixture is a reconstruction
+    from a field-by-field transcription of the published file, see its SOURCE), refused before: plan reads its
+    ``llm_config`` with transformers' ``NemotronHConfig`` and its ``vision_config`` / ``sound_config`` as the
+    maker's config class holds them (attribute objects). Independent counts: the language model by transformers'
+    NemotronHForCausalLM, the sound encoder by transformers' ParakeetEncoder (both on the meta device); the RADIO
+    tower, ``mlp1`` and the sound projection term by term from the config's fields (the sound projection's tensors
+    are the ``sound_projection.*`` that NemotronOmniBridge.mapping_registry maps)."""
+    import torch
+    from transformers import AutoConfig, NemotronHForCausalLM, ParakeetEncoder, ParakeetEncoderConfig
+
+    doc = json.loads((FIXTURES / "nemotron_omni" / "config.json").read_text())
+    text = {k: v for k, v in doc["llm_config"].items() if k not in ("auto_map", "architectures", "model_type")}
+    sound = doc["sound_config"]
+    # attention_bias: the published sound_config does not say; vLLM, which loads this checkpoint, builds the same
+    # transformers class with attention_bias=False (SOURCE). transformers' default (True) would add 14,336 per
+    # layer: the q/k/v/o and feed-forward biases. The feature extractor (mel filter bank, window) and the
+    # batch-norm running statistics are buffers, not parameters, in the checkpoint and in both builds.
+    encoder_config = ParakeetEncoderConfig(**{k: v for k, v in sound.items() if k != "model_type"},
+                                           attention_bias=False)
+    with torch.device("meta"):
+        lm = NemotronHForCausalLM(AutoConfig.for_model("nemotron_h", **text))
+        sound_encoder = ParakeetEncoder(encoder_config)
+
+    # RADIO's class tokens, C-RADIOv4-H's own: one per distillation teacher (cls_token_per_teacher), then
+    # registers up to a multiple of register_multiple: 4 + 6 = 10 rows. Bridge's Omni provider builds 10
+    # (vision_class_token_len) and copies the checkpoint tensor one to one.
+    args = doc["vision_config"]["args"]
+    teachers = len({t["name"] for t in args["teachers"]}) if args["cls_token_per_teacher"] else 1
+    class_token_rows = teachers + (args["register_multiple"] - teachers % args["register_multiple"])
+    assert args["cpe_max_size"] == doc["vision_config"]["max_resolution"]  # the position table's size, both ways
+    # separate_video_embedder: a video patch embedder over video_temporal_patch_size frames
+    frames = doc["vision_config"]["video_temporal_patch_size"] if doc["vision_config"]["separate_video_embedder"] else 0
+    vision, projection = _radio_tower_and_mlp1(doc, class_token_rows, video_frames=frames)
+    assert not sound["projection_bias"]
+    sound_projection = (sound["hidden_size"]  # sound_projection.norm.weight (RMSNorm)
+                        + sound["hidden_size"] * sound["projection_hidden_size"]  # sound_projection.linear1.weight
+                        + sound["projection_hidden_size"] * doc["llm_config"]["hidden_size"])  # ...linear2.weight
+    assert _planned("nemotron_omni") == {"language_model": sum(p.numel() for p in lm.parameters()),
+                                         "vision_model": vision, "vision_projection": projection,
+                                         "audio_model": sum(p.numel() for p in sound_encoder.parameters()),
+                                         "audio_projection": sound_projection}
 
 
 def test_kimi_k25_vision_stand_ins_have_the_published_tensor_names_and_shapes(cpu_bridge):
