@@ -109,6 +109,7 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+    from bridge_freeze_harness.tiny import TINY_FAMILIES
     from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES
     from bridge_freeze_plugin.registry import list_families
 
@@ -116,7 +117,10 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
     for family in list_families():
         for hf_type in family.hf_model_types:
             known = hf_type in CONFIG_MAPPING_NAMES or hf_type in OFFLINE_TYPES or _registered_now(hf_type)
-            (readable if known else tiny_only).append(f"{hf_type} ({family.name})")
+            if known:
+                readable.append(f"{hf_type} ({family.name})")
+            elif family.name in TINY_FAMILIES:
+                tiny_only.append(f"{hf_type} ({family.name})")
     what = ("remote code (its auto_map names files on the hub, which plan never runs nor downloads)" if remote
             else "a model type")
     owner = next((family for family in list_families() if model_type in family.hf_model_types), None)
@@ -126,13 +130,16 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
                         else "transformers' own format of the same model")
             for t in owner.hf_model_types if f"{t} ({owner.name})" in readable
         ]
-        instead = (f"plan a config of the family's type that plan reads ({'; '.join(siblings)}), or" if siblings
-                   else "plan")
+        options = [f"plan a config of the family's type that plan reads ({'; '.join(siblings)})"] if siblings else []
+        if owner.name in TINY_FAMILIES:
+            options.append(f"plan the family's tiny configuration (bridge-freeze plan {owner.name} --tiny: the "
+                           f"full model's parts and prefixes, not its sizes)")
+        else:
+            options.append(f"plan it from a config.json once transformers knows {model_type!r} (there is no tiny "
+                           f"configuration of {owner.name} here)")
         return (
             f"{cfg_file}: `model_type` {model_type!r} is the {owner.name} family's, and {what} that neither "
-            f"transformers {transformers.__version__} nor plan's offline readers build: {instead} the family's "
-            f"tiny configuration (bridge-freeze plan {owner.name} --tiny: the full model's parts and prefixes, "
-            f"not its sizes)"
+            f"transformers {transformers.__version__} nor plan's offline readers build: {', or '.join(options)}"
         )
     return (
         f"{cfg_file}: `model_type` {model_type!r} is {what} that neither transformers {transformers.__version__} "

@@ -145,3 +145,30 @@ def test_max_layer_blocks_below_zero_is_a_usage_error(capsys):
         main(["plan", "--hf-config", "x", "--max-layer-blocks", "-1"])
     assert exit_info.value.code == 2
     assert "argument --max-layer-blocks: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("with_tiny", [False, True])
+def test_a_registered_type_nothing_reads_names_the_family_and_what_to_plan(tmp_path, capsys, monkeypatch,
+                                                                            with_tiny):
+    """A family's remote-code HF type that neither transformers nor plan's offline readers know (every built-in
+    family's published type is readable now, so a family is registered here as another package would): the
+    refusal names the family, and its tiny plan where the harness has a tiny configuration of it (faked), else
+    says there is none; never "another family" nor "another transformers"."""
+    from bridge_freeze_harness import tiny
+    from bridge_freeze_plugin.registry import REGISTRY, register_family
+
+    if with_tiny:
+        monkeypatch.setattr(tiny, "TINY_FAMILIES", {**tiny.TINY_FAMILIES, "acme_vl": None})
+    register_family("acme_vl", providers=["acme.providers:AcmeVLProvider"], language_model=["language_model"],
+                    vision_model=["vision_tower"], hf_model_types=["AcmeForVision"], source="test")
+    try:
+        path = _write(tmp_path, {"model_type": "AcmeForVision", "auto_map": {"AutoConfig": "configuration.Config"}})
+        assert main(["plan", "--hf-config", str(path)]) == 2
+    finally:
+        REGISTRY.unregister("acme_vl")
+    line = capsys.readouterr().err.strip()
+    assert "'AcmeForVision' is the acme_vl family's, and remote code" in line
+    assert line.endswith("plan the family's tiny configuration (bridge-freeze plan acme_vl --tiny: the full "
+                         "model's parts and prefixes, not its sizes)" if with_tiny else
+                         "plan it from a config.json once transformers knows 'AcmeForVision' (there is no tiny "
+                         "configuration of acme_vl here)")
