@@ -16,6 +16,7 @@ cores are marked ``slow`` (see :data:`SLOW`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -130,16 +131,27 @@ PART_EXTRA = {"exaone45_vl": ("other", _exaone45_mtp_layers)}
 SLOW = {"qwen3_vl_moe_235b", "qwen35_vl_moe", "exaone45_vl"}
 
 
-def _planned(folder: str, family: str | None = None) -> dict[str, int]:
+def _plan(folder: str) -> object:
+    """The plan of a fixture, nothing selected (a fresh build)."""
     from bridge_freeze_plugin import planning
     from bridge_freeze_plugin.selection import FreezeSelection
 
-    plan = planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
+    return planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
                                hf_config=FIXTURES / folder / "config.json")
+
+
+#: a fixture's plan, built once per test process (the counts and the sync tests read the same plan)
+_shared_plan = functools.cache(_plan)
+
+
+def _planned(folder: str, family: str | None = None, *, fresh: bool = False) -> dict[str, int]:
+    """Each part's parameters in the fixture's plan (``fresh``: not the shared plan, e.g. under a patch)."""
+    plan = _plan(folder) if fresh else _shared_plan(folder)
     assert plan.family == (family or folder)
     return {p.count.part.value: p.count.total for p in plan.parts}
 
 
+@functools.cache
 def _hf_counts(folder: str) -> dict[str, int]:
     import torch
     import transformers
@@ -181,11 +193,7 @@ def test_the_sync_of_a_published_config_sends_every_parameter_once(cpu_bridge, f
     transformers' class does not build, nor write), less what the plan says is not sent. Qwen2-Audio's language
     model and the MTP layers were left out before: the layout came from transformers' save alone (see
     sync_bytes._add_mapped_names); nothing said so."""
-    from bridge_freeze_plugin import planning
-    from bridge_freeze_plugin.selection import FreezeSelection
-
-    plan = planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
-                               hf_config=FIXTURES / folder / "config.json")
+    plan = _shared_plan(folder)
     assert plan.sync is not None and plan.sync.dtype == "bfloat16"
     frozen = sum(p.count.total - p.count.trainable for p in plan.parts)  # Qwen2-Audio's fixed positions
     assert plan.sync.trainable_bytes == plan.sync.full_bytes - 2 * frozen
@@ -356,9 +364,9 @@ def test_a_full_size_build_needs_no_tiny_configuration_patch(cpu_bridge, monkeyp
         module = __import__(f"bridge_freeze_harness.tiny.{entry.module}", fromlist=["_"])
         if hasattr(module, "tiny_patches"):
             monkeypatch.setattr(module, "tiny_patches", refuse)
-    assert _planned("gemma3_vl")["vision_projection"] == 6_194_304
-    assert _planned("qwen25_vl")["vision_model"] == 631_975_680
-    assert _planned("qwen35_vl")["language_model"] == 4_326_350_848
+    assert _planned("gemma3_vl", fresh=True)["vision_projection"] == 6_194_304
+    assert _planned("qwen25_vl", fresh=True)["vision_model"] == 631_975_680
+    assert _planned("qwen35_vl", fresh=True)["language_model"] == 4_326_350_848
 
 
 def test_a_type_bridge_registers_itself_plans_from_its_config_json(cpu_bridge, tmp_path):
