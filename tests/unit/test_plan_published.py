@@ -192,7 +192,7 @@ def test_the_sync_of_a_published_config_sends_every_parameter_once(cpu_bridge, f
     weight sync in bf16 is 2 bytes per parameter of the independent count (with the MTP layers, which
     transformers' class does not build, nor write), less what the plan says is not sent. Qwen2-Audio's language
     model and the MTP layers were left out before: the layout came from transformers' save alone (see
-    sync_bytes._add_mapped_names); nothing said so."""
+    sync_layout.add_mapped_names); nothing said so."""
     plan = _shared_plan(folder)
     assert plan.sync is not None and plan.sync.dtype == "bfloat16"
     frozen = sum(p.count.total - p.count.trainable for p in plan.parts)  # Qwen2-Audio's fixed positions
