@@ -75,7 +75,7 @@ _PROJECTION = ("vision_model.merger.", "vision_model.decoder.deepstack_merger_li
 
 def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_harness.train import make_provider, synthetic_batch
-    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.request import FreezeSelection
     from bridge_freeze_plugin.validation import LoraSettings, validate_selection
 
     with quiet():
@@ -154,7 +154,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def _naive(provider: Any, selections: list[Any], batch: Any, correct: dict[str, Any]) -> dict[str, Any]:
-    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.request import FreezeSelection
 
     out: dict[str, Any] = {}
     for selection in selections:

@@ -102,7 +102,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_harness.train import loss_fn
     from bridge_freeze_plugin import apply_selection
     from bridge_freeze_plugin.registry import get_family
-    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.request import FreezeSelection
 
     family = get_family(FAMILY)
     with quiet():

@@ -4,7 +4,7 @@ Three flags (``freeze_language_model``, ``freeze_vision_model``, ``freeze_vision
 registry of VLM families (module prefixes of each part), and a provider mixin that applies the
 selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
 
-The flow, module by module: :mod:`~bridge_freeze_plugin.selection` (what is asked) ->
+The flow, module by module: :mod:`~bridge_freeze_plugin.request._selection` (what is asked) ->
 :mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.registry` +
 :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.provider` +
 :mod:`~bridge_freeze_plugin.mixins` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
@@ -40,7 +40,6 @@ from bridge_freeze_plugin.errors import (
     Violation,
 )
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
-from bridge_freeze_plugin.parts import VOCABULARY, PartInfo
 from bridge_freeze_plugin.prewrap.freeze import apply_selection
 from bridge_freeze_plugin.prewrap.lora import trainable_state_dict
 from bridge_freeze_plugin.prewrap.model_wide import last_report
@@ -53,7 +52,7 @@ from bridge_freeze_plugin.registry import (
     register_family,
 )
 from bridge_freeze_plugin.report import FreezeReport, PartCount
-from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, Part
+from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Part, PartInfo
 from bridge_freeze_plugin.sync import export_trainable_hf_weights
 
 # Config validation needs OmegaConf: loaded on first use, so importing the plugin stays light.

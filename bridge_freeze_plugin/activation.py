@@ -41,7 +41,7 @@ from bridge_freeze_plugin.provider import declared_default, flag_attributes, is_
 from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, class_path
-from bridge_freeze_plugin.selection import FLAGS, FreezeSelection
+from bridge_freeze_plugin.request import FLAGS, FreezeSelection
 from bridge_freeze_plugin.state import MISSING, STATE
 
 logger = logging.getLogger("bridge_freeze_plugin")

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_freeze_plugin.parts import INFO, SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, Part
 
 #: The order of the numbers in :meth:`PartCount.as_row` / :meth:`PartTally.as_vector`.
 ROW_FIELDS: tuple[str, ...] = (

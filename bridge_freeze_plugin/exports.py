@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import AdapterExportError
-from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.prewrap.freeze import PART_ATTR
-from bridge_freeze_plugin.selection import FLAGS, SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request import FLAGS, INFO, SELECTABLE_PARTS, Part
 
 AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")
 _SELECTABLE = {p.value for p in SELECTABLE_PARTS}

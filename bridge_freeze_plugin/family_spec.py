@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError
-from bridge_freeze_plugin.parts import REQUIRED_PARTS, SELECTABLE_PARTS, Part, label
+from bridge_freeze_plugin.request import REQUIRED_PARTS, SELECTABLE_PARTS, Part, label
 
 #: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
 _WRAPPER_PREFIX = "module."
@@ -126,7 +126,7 @@ class FamilySpec:
     lives inside the vision module (``visual.merger`` inside ``visual``) is the projection.
 
     The vision-language parts have keywords (``language_model=``, ``vision_model=``, ``vision_projection=``);
-    ``parts=`` maps any part of the vocabulary (:mod:`bridge_freeze_plugin.parts`) to its prefixes, e.g.
+    ``parts=`` maps any part of the vocabulary (:mod:`bridge_freeze_plugin.request._parts`) to its prefixes, e.g.
     ``parts={"audio_model": ("audio_tower",), "audio_projection": ("embed_audio",)}``. Every family has a language
     model and at least one other part; a part with no prefix is one the family does not have (a flag set for it
     is refused). ``other`` lists known modules that belong to no part (a talker, say): no flag touches them, and

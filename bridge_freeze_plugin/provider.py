@@ -16,10 +16,9 @@ from typing import Any
 
 from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
-from bridge_freeze_plugin.parts import ALIASES, FLAG_PARTS, label
 from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.report import DefaultOverride
-from bridge_freeze_plugin.selection import FLAGS, FreezeSelection, asked_text
+from bridge_freeze_plugin.request import ALIASES, FLAG_PARTS, FLAGS, FreezeSelection, asked_text, label
 from bridge_freeze_plugin.state import STATE
 
 #: Marks the plugin's own classes (the mixin, generated freezable subclasses) in a provider's MRO.

@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from bridge_freeze_plugin.parts import FLAGS
+from bridge_freeze_plugin.request import FLAGS
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.request import FreezeSelection, Part
 
 logger = logging.getLogger("bridge_freeze_plugin")
 

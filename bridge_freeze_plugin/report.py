@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.counting import PartCount
-from bridge_freeze_plugin.parts import INFO
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
 if TYPE_CHECKING:
-    from bridge_freeze_plugin.patterns import PatternSummary
+    from bridge_freeze_plugin.request import PatternSummary
 
 __all__ = ["DefaultOverride", "FreezeReport", "PartCount", "log_report"]
 
@@ -108,7 +107,7 @@ class FreezeReport:
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
         if self.patterns is not None:
-            from bridge_freeze_plugin.patterns import summary_lines
+            from bridge_freeze_plugin.request import summary_lines
 
             lines.extend(summary_lines(self.patterns, self.parts, self.selection))
         lines.extend(f"  note: {n}" for n in self.notes)

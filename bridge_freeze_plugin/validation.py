@@ -32,7 +32,7 @@ from bridge_freeze_plugin.config.reading import (
 )
 from bridge_freeze_plugin.config.source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.request import FreezeSelection
 
 __all__ = [
     "ConfigRun",

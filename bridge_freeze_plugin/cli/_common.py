@@ -14,8 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
-from bridge_freeze_plugin.parts import FLAGS, INFO, VOCABULARY
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.request import FLAGS, INFO, VOCABULARY, FreezeSelection, Part
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 

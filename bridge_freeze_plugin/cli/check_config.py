@@ -22,8 +22,7 @@ from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_sub
 from bridge_freeze_plugin.config.layouts import LAYOUTS
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.optim.settings import LR_KEYS
-from bridge_freeze_plugin.parts import INFO
-from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, FreezeSelection, Part
+from bridge_freeze_plugin.request import FLAGS, INFO, PATTERN_KEYS, FreezeSelection, Part
 
 _OPERATIONS = {"set": "sets", "add": "adds", "force": "adds or sets", "delete": "deletes"}
 

@@ -47,8 +47,7 @@ from bridge_freeze_plugin.cli.training_options import (
     with_patterns,
 )
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
-from bridge_freeze_plugin.parts import INFO
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection
+from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection
 
 
 def _family_parts(model: str) -> tuple[Any, ...] | None:

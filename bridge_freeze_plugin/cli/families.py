@@ -8,7 +8,7 @@ from typing import Any
 
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, out
 from bridge_freeze_plugin.registry import list_families
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request import SELECTABLE_PARTS, Part
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

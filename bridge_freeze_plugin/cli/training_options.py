@@ -16,9 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from bridge_freeze_plugin.errors import CommandError
-from bridge_freeze_plugin.parts import INFO
-from bridge_freeze_plugin.patterns import check_lora_targets
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, FreezeSelection, Part
+from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection, Part, check_lora_targets
 
 LR_OPTIONS = {part.value: INFO[part].lr_key for part in SELECTABLE_PARTS}
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import ConfigLoadError
-from bridge_freeze_plugin.selection import FLAGS, PATTERN_KEYS, Part
+from bridge_freeze_plugin.request import FLAGS, PATTERN_KEYS, Part
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def _router(by: str) -> OwnSetting:
 
 
 #: Bridge 0.6.2's own ``freeze_*`` provider fields that are neither a flag nor a flag's alias (read from its provider
-#: classes; the aliases, e.g. ``freeze_sound_encoder``, are read as their flag: :data:`~bridge_freeze_plugin.parts.
+#: classes; the aliases, e.g. ``freeze_sound_encoder``, are read as their flag: :data:`~bridge_freeze_plugin.request.
 #: ALIASES`): Bridge applies them when it builds the model; they freeze modules outside every part.
 BRIDGE_FIELDS: Mapping[str, OwnSetting] = {
     "freeze_mtp_model": OwnSetting("the multi-token-prediction layers (EXAONE 4.5 provider)", "Bridge", outside=True),

@@ -26,7 +26,7 @@ from bridge_freeze_plugin.errors import (
 )
 from bridge_freeze_plugin.optim.settings import LR_KEYS, looks_like_lr_key, read_part_learning_rates
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import ALIASES, FLAGS, PATTERN_KEYS, FreezeSelection, Part
+from bridge_freeze_plugin.request import ALIASES, FLAGS, PATTERN_KEYS, FreezeSelection, Part
 
 #: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.
 _MISSPELLING_CUTOFF = 0.8

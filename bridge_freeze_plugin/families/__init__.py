@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
+from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, list_families
+from bridge_freeze_plugin.request import use_family_source
 
 
 def _builtin_families() -> tuple[FamilySpec, ...]:
@@ -30,3 +31,6 @@ BUILTIN_FAMILIES: tuple[FamilySpec, ...] = _builtin_families()
 for _spec in BUILTIN_FAMILIES:
     if _spec.name not in REGISTRY:
         REGISTRY.register(_spec)
+
+# FreezeSelection.untrained_parts() without a family's prefixes asks every registered family.
+use_family_source(list_families)

@@ -27,7 +27,7 @@ from bridge_freeze_plugin.prewrap.pipeline import preflight, provide_distributed
 from bridge_freeze_plugin.provider import PLUGIN_CLASS_MARK, resolve_family, write_selection
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import FreezeReport
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.request import FreezeSelection
 
 ModelChunks = list[Any]
 
@@ -37,7 +37,7 @@ ModelChunks = list[Any]
 class FreezableVLMProvider:
     """Mixin for Bridge VLM providers: exactly the selected parts train, or a clear error.
 
-    One ``freeze_<part>`` field per part of the vocabulary (:mod:`bridge_freeze_plugin.parts`), default ``False``.
+    One ``freeze_<part>`` field per part of the vocabulary (:mod:`bridge_freeze_plugin.request`), default ``False``.
     """
 
     #: patterns refining the flags per parameter (see ``FreezeSelection``): fields, so that a provider's

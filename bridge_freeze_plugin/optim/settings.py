@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS, Part, type_name
+from bridge_freeze_plugin.request import SELECTABLE_PARTS, Part, type_name
 
 #: The LR "part" of LoRA's adapters (parameters a PEFT hook added; they carry no part of their own).
 ADAPTERS = "adapters"

@@ -26,8 +26,7 @@ from typing import Any
 
 from bridge_freeze_plugin.counting import PartCount, PartTally
 from bridge_freeze_plugin.errors import PlanError
-from bridge_freeze_plugin.parts import INFO
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
 #: Version of the ``--json`` document (bumped on any incompatible change; see docs/cli.md).
 SCHEMA_VERSION = 1

@@ -32,7 +32,7 @@ from bridge_freeze_plugin.planning.per_rank import _LM_LAYER, ActivationSettings
 from bridge_freeze_plugin.planning.sync_bytes import plan_sync
 from bridge_freeze_plugin.provider import model_name_of, provider_label
 from bridge_freeze_plugin.registry import FamilySpec, family_for_provider, list_families
-from bridge_freeze_plugin.selection import FreezeSelection, Part
+from bridge_freeze_plugin.request import FreezeSelection, Part
 
 
 @dataclass(frozen=True)

@@ -285,7 +285,7 @@ def _ddp_buffers(chunks: list, layout: Layout) -> list[_Buffer]:
 def _layers(chunks: list, family: Any) -> StageLayers:
     """The rank's language-model layers (dense / MoE) and whether it holds the vision encoder."""
     from bridge_freeze_plugin.planning.meta_build import collect_params
-    from bridge_freeze_plugin.selection import Part
+    from bridge_freeze_plugin.request import Part
 
     layers: dict[tuple[int, str], bool] = {}
     has_vision = False

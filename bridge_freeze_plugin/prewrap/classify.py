@@ -14,7 +14,7 @@ from typing import Any
 
 from bridge_freeze_plugin.prewrap.adapters import base_name
 from bridge_freeze_plugin.registry import FamilySpec, canonical_name
-from bridge_freeze_plugin.selection import Part
+from bridge_freeze_plugin.request import Part
 
 
 def as_chunks(model: Any) -> list[Any]:

@@ -9,10 +9,10 @@ from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.provider import model_name_of, overridden_defaults, provider_label, resolve_family
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.selection import FreezeSelection, Part, asked_text
+from bridge_freeze_plugin.request import FreezeSelection, Part, asked_text
 
 if TYPE_CHECKING:
-    from bridge_freeze_plugin.patterns import PatternSummary
+    from bridge_freeze_plugin.request import PatternSummary
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class BuildContext:
 
         The one rule the freeze applies and the guarantee checks: a part whose flag is set is frozen, the
         other parts train; then the patterns, on the model-wide ``name``: a train pattern trains, else a
-        freeze pattern freezes (:mod:`bridge_freeze_plugin.patterns`). ``other`` and unclassified parameters
+        freeze pattern freezes (:mod:`bridge_freeze_plugin.request._patterns`). ``other`` and unclassified parameters
         are left alone.
         """
         if part is None or part is Part.OTHER:

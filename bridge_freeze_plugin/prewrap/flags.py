@@ -69,7 +69,7 @@ class FlagField:
 
 def with_flag_fields(cls: type) -> type:
     """Give a class body (before ``@dataclass``) one :class:`FlagField` per flag of the vocabulary, as fields."""
-    from bridge_freeze_plugin.parts import FLAGS
+    from bridge_freeze_plugin.request import FLAGS
 
     cls.__annotations__ = {**dict.fromkeys(FLAGS, "bool"), **inspect.get_annotations(cls)}
     for flag in FLAGS:

@@ -12,13 +12,12 @@ from typing import Any
 
 from bridge_freeze_plugin.counting import PartTally, tally_parameters
 from bridge_freeze_plugin.errors import UnclassifiedParameterError
-from bridge_freeze_plugin.patterns import PatternSummary, PatternTally, check_matched
 from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks, named_parameters
 from bridge_freeze_plugin.prewrap.context import BuildContext
 from bridge_freeze_plugin.prewrap.model_names import model_wide_names, names_are_model_wide
 from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.request import FreezeSelection, PatternSummary, PatternTally, check_matched
 from bridge_freeze_plugin.state import ChunkState, chunk_state, set_chunk_state
 
 logger = logging.getLogger("bridge_freeze_plugin")

@@ -31,7 +31,7 @@ from bridge_freeze_plugin.errors import FreezeGuaranteeError, Violation
 from bridge_freeze_plugin.prewrap.adapters import is_peft_hook
 from bridge_freeze_plugin.prewrap.classify import Classifier, named_parameters
 from bridge_freeze_plugin.prewrap.context import BuildContext
-from bridge_freeze_plugin.selection import Part
+from bridge_freeze_plugin.request import Part
 
 __all__ = ["FreezeGuaranteeError", "Violation", "describe", "violations"]
 

@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bridge_freeze_plugin.errors import EmptyPartError, PartNotInFamilyError
-from bridge_freeze_plugin.parts import INFO, label
-from bridge_freeze_plugin.patterns import check_lora_targets
 from bridge_freeze_plugin.prewrap import guarantee, recompute_fix
 from bridge_freeze_plugin.prewrap.adapters import hook_name
 from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks
@@ -29,6 +27,7 @@ from bridge_freeze_plugin.prewrap.freeze import claim_report, count_parts, freez
 from bridge_freeze_plugin.prewrap.lora import after_peft, find_peft
 from bridge_freeze_plugin.prewrap.model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.report import FreezeReport, log_report
+from bridge_freeze_plugin.request import INFO, check_lora_targets, label
 
 Hook = Callable[[list[Any]], Any]
 

@@ -26,7 +26,7 @@ from bridge_freeze_plugin.prewrap.adapters import base_name
 from bridge_freeze_plugin.prewrap.classify import as_chunks
 from bridge_freeze_plugin.recompute import affected_parts, is_full
 from bridge_freeze_plugin.registry import FamilySpec
-from bridge_freeze_plugin.selection import FreezeSelection
+from bridge_freeze_plugin.request import FreezeSelection
 
 if TYPE_CHECKING:
     from bridge_freeze_plugin.prewrap.context import BuildContext

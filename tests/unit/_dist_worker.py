@@ -206,7 +206,7 @@ def plan_main(out: str, scenarios: str) -> None:
 
     torch.set_num_threads(1)
     from bridge_freeze_plugin import planning
-    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.request import FreezeSelection
 
     results = {}
     for sc in json.loads(scenarios):

@@ -16,8 +16,8 @@ import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 from bridge_freeze_plugin import FamilySpec, FreezeSelection, apply_selection
 from bridge_freeze_plugin.errors import FreezeGuaranteeError, InvalidPatternError, UnmatchedPatternError
-from bridge_freeze_plugin.patterns import PatternSet, check_matched, compile_pattern
 from bridge_freeze_plugin.prewrap.model_names import _rename
+from bridge_freeze_plugin.request import PatternSet, check_matched, compile_pattern
 
 FLAG_OF = {"language_model": "freeze_language_model", "vision_model": "freeze_vision_model",
            "vision_projection": "freeze_vision_projection"}
@@ -203,7 +203,7 @@ def test_model_wide_suggestions_merge_every_ranks_nearest_names():
             out[1] = {text: [(1.0, "lm.layers.3")] for text in local}
 
     sel = FreezeSelection(train_patterns=["lm.layers.3x"])
-    from bridge_freeze_plugin.patterns import PatternTally
+    from bridge_freeze_plugin.request import PatternTally
 
     summary = PatternTally(sel.patterns, ()).summary()
     with pytest.raises(UnmatchedPatternError, match="in the whole model") as info:

@@ -134,7 +134,7 @@ SLOW = {"qwen3_vl_moe_235b", "qwen35_vl_moe", "exaone45_vl"}
 def _plan(folder: str) -> object:
     """The plan of a fixture, nothing selected (a fresh build)."""
     from bridge_freeze_plugin import planning
-    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.request import FreezeSelection
 
     return planning.plan_model(None, FreezeSelection(), planning.MemoryAssumptions(),
                                hf_config=FIXTURES / folder / "config.json")
@@ -379,7 +379,7 @@ def test_a_type_bridge_registers_itself_plans_from_its_config_json(cpu_bridge, t
     from bridge_freeze_harness.tiny import build_tiny_model
     from bridge_freeze_harness.tiny.qwen3_asr import thinker_config
     from bridge_freeze_plugin import planning
-    from bridge_freeze_plugin.selection import FreezeSelection
+    from bridge_freeze_plugin.request import FreezeSelection
 
     config = Qwen3ASRConfig(thinker_config=thinker_config().to_dict())
     config.architectures = ["Qwen3ASRForConditionalGeneration"]

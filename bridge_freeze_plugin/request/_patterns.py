@@ -29,8 +29,8 @@ from typing import Any
 import regex as regex_engine
 
 from bridge_freeze_plugin.errors import InvalidPatternError, UnmatchedPatternError
-from bridge_freeze_plugin.regex_safety import backtracking_risk
-from bridge_freeze_plugin.selection import FLAG_PARTS, SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request._parts import FLAG_PARTS, SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request._regex_safety import backtracking_risk
 
 TRAIN, FREEZE = "train", "freeze"
 #: How many nearest names an unmatched-pattern error lists.
@@ -183,7 +183,7 @@ def compile_pattern(text: Any, kind: str) -> Pattern:
 
     Refused with :class:`InvalidPatternError`: a non-string or empty one, an invalid regex, one that matches only
     the empty name, a character set Python reads as a nested set or set operation (``[[:alpha:]]``), and one
-    with a catastrophic-backtracking shape (:func:`~bridge_freeze_plugin.regex_safety.backtracking_risk`).
+    with a catastrophic-backtracking shape (:func:`~bridge_freeze_plugin.request._regex_safety.backtracking_risk`).
     """
     key = f"{kind}_patterns"
     if not isinstance(text, str) or not text.strip():

@@ -24,10 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bridge_freeze_plugin as bfp
-from bridge_freeze_plugin import FreezeSelection, patterns
+from bridge_freeze_plugin import FreezeSelection
 from bridge_freeze_plugin.errors import InvalidPatternError
-from bridge_freeze_plugin.patterns import compile_pattern
-from bridge_freeze_plugin.selection import SELECTABLE_PARTS
+from bridge_freeze_plugin.request import _patterns as patterns
+from bridge_freeze_plugin.request._patterns import compile_pattern
+from bridge_freeze_plugin.request._selection import SELECTABLE_PARTS
 
 # ------------------------------------------------------------------------------------------- realistic names
 
@@ -152,9 +153,9 @@ def test_the_issue_pattern_rewritten_as_advised_matches_every_router():
 
 _TIME_BOUND_SCRIPT = r"""
 import time
-from bridge_freeze_plugin import patterns
+from bridge_freeze_plugin.request import _patterns as patterns
 from bridge_freeze_plugin.errors import InvalidPatternError
-from bridge_freeze_plugin.patterns import compile_pattern
+from bridge_freeze_plugin.request._patterns import compile_pattern
 
 patterns.MATCH_BUDGET_S, patterns.MATCH_BUDGET_PER_NAME_S = 0.3, 0.0
 pattern = compile_pattern(r"[a-z]*[a-z_]*[.!]", "freeze")
@@ -479,7 +480,7 @@ def test_built_lr_for_a_part_freeze_patterns_freeze_whole_is_refused(lr_model):
 @pytest.mark.parametrize("target", [r"(a+)+", r"*.*.*x", r"(_?[a-z]+)+qkv", r"**.*qkv", r"*[a-z]*[a-z]*!"])
 def test_a_lora_target_bridge_would_hang_on_is_refused(target):
     # Bridge matches every target as '^' + target.replace('*', '(.*)') + '$', with no time bound.
-    from bridge_freeze_plugin.patterns import check_lora_targets
+    from bridge_freeze_plugin.request._patterns import check_lora_targets
 
     with pytest.raises(InvalidPatternError, match=re.escape(f"LoRA target_modules entry '{target}' is refused")):
         check_lora_targets(["linear_qkv", target])
@@ -487,7 +488,7 @@ def test_a_lora_target_bridge_would_hang_on_is_refused(target):
 
 @pytest.mark.parametrize("target", ["linear_qkv", "vision_model.*linear_qkv", "*.layers.*.linear_fc1", "*a**b"])
 def test_lora_targets_people_write_are_accepted(target):
-    from bridge_freeze_plugin.patterns import check_lora_targets
+    from bridge_freeze_plugin.request._patterns import check_lora_targets
 
     check_lora_targets([target])
 

@@ -1,7 +1,7 @@
 """What the user asks for: one boolean per part (the vocabulary of :mod:`.parts`), and optional patterns.
 
 The patterns (``train_patterns`` / ``freeze_patterns``: regular expressions over model-wide parameter or
-module names) refine the flags; their syntax and rule are in :mod:`bridge_freeze_plugin.patterns`.
+module names) refine the flags; their syntax and rule are in :mod:`bridge_freeze_plugin.request._patterns`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidPatternError
-from bridge_freeze_plugin.parts import ALIASES, FLAG_PARTS, FLAGS, INFO, SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request._parts import ALIASES, FLAG_PARTS, FLAGS, INFO, SELECTABLE_PARTS, Part
 
 if TYPE_CHECKING:
-    from bridge_freeze_plugin.patterns import PatternSet
+    from bridge_freeze_plugin.request._patterns import PatternSet
 
 
 #: The parts a flag can freeze, their flags and Bridge's aliases come from the vocabulary (:mod:`.parts`).
@@ -25,6 +25,22 @@ __all__ = ["ALIASES", "FLAGS", "FLAG_PARTS", "INFO", "PATTERN_KEYS", "SELECTABLE
 
 #: The two pattern lists: provider attributes, config keys and :class:`FreezeSelection` fields alike.
 PATTERN_KEYS: tuple[str, ...] = ("train_patterns", "freeze_patterns")
+
+#: Every registered family, for :meth:`FreezeSelection.untrained_parts` without a family's prefixes. The request
+#: knows no family: the families package hands in its ``list_families`` when it is imported (importing the plugin
+#: imports it first), so that this folder imports nothing from ``families``.
+_FAMILY_SOURCE: list[Callable[[], Iterable[Any]]] = []
+
+
+def use_family_source(list_families: Callable[[], Iterable[Any]]) -> None:
+    """Where :meth:`FreezeSelection.untrained_parts` finds every registered family (set by ``families``)."""
+    _FAMILY_SOURCE[:] = [list_families]
+
+
+def _registered_families() -> list[Any]:
+    if not _FAMILY_SOURCE:  # importing bridge_freeze_plugin imports the families package, which sets it
+        raise RuntimeError("bridge_freeze_plugin.families is not imported: import bridge_freeze_plugin first")
+    return list(_FAMILY_SOURCE[0]())
 
 
 def type_name(value: Any) -> str:
@@ -72,7 +88,7 @@ class FreezeSelection:
     by default (train the whole model).
 
     ``train_patterns`` / ``freeze_patterns`` refine the flags per parameter (compiled here: an invalid one
-    raises :class:`InvalidPatternError`); see :mod:`bridge_freeze_plugin.patterns` for the rule.
+    raises :class:`InvalidPatternError`); see :mod:`bridge_freeze_plugin.request._patterns` for the rule.
 
     Methods that speak of "every part" take ``parts``: the parts the model has (its family's
     ``part_names()``); without it, the parts a vision-language model is assumed to have, plus any flagged part.
@@ -91,7 +107,7 @@ class FreezeSelection:
                     f"{name} must be a bool (true/false), got {value!r} of type {type_name(value)}; "
                     f"set it to True or False{_hint(value)}"
                 )
-        from bridge_freeze_plugin.patterns import PatternSet
+        from bridge_freeze_plugin.request._patterns import PatternSet
 
         for key in PATTERN_KEYS:
             object.__setattr__(self, key, pattern_tuple(getattr(self, key), key))
@@ -147,9 +163,7 @@ class FreezeSelection:
         if not frozen or not self.patterns.train:
             return frozen
         if prefixes is None:
-            from bridge_freeze_plugin.registry import list_families
-
-            families = list_families()
+            families = _registered_families()
             prefixes = {part: [p for family in families for p in family.prefixes(part)] for part in frozen}
         return frozenset(
             part for part in frozen

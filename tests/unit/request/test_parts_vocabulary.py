@@ -85,7 +85,7 @@ def test_a_false_audio_flag_is_absent_from_a_vlm_report(cpu_bridge):
 def test_a_learning_rate_for_a_part_the_family_lacks_is_refused():
     from bridge_freeze_plugin.validation import load_run
 
-    sft = Path(__file__).parent.parent / "fixtures" / "configs" / "sft" / "sft_defaults.yaml"
+    sft = Path(__file__).parents[2] / "fixtures" / "configs" / "sft" / "sft_defaults.yaml"
     with pytest.raises(PartNotInFamilyError) as err:
         load_run(sft, ["megatron_config.lr_audio_model=1e-5"], family="qwen3_vl").validate()
     assert "megatron_config.lr_audio_model" in str(err.value) and "no audio encoder" in str(err.value)
@@ -96,13 +96,13 @@ SIXTH_PART = textwrap.dedent('''
     from pathlib import Path
 
     package = Path(sys.argv[1])
-    source = (package / "parts.py").read_text()
+    source = (package / "request" / "_parts.py").read_text()
     # after the last entry (the audio projection's line, whatever options it carries)
     marker = re.search(r'^ *PartInfo\\("audio_projection",.*\\),$', source, re.M).group(0)
     source = source.replace(marker, marker + '\\n    PartInfo("speech_decoder", "speech decoder"),')
-    module = types.ModuleType("bridge_freeze_plugin.parts")
-    module.__file__ = str(package / "parts.py")
-    sys.modules["bridge_freeze_plugin.parts"] = module
+    module = types.ModuleType("bridge_freeze_plugin.request._parts")
+    module.__file__ = str(package / "request" / "_parts.py")
+    sys.modules["bridge_freeze_plugin.request._parts"] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)
 
     import torch

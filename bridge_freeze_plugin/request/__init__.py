@@ -1,0 +1,77 @@
+"""The request: what a user asks to train or freeze, before any model or family is involved.
+
+- :mod:`._parts`: the vocabulary of parts (one table; flags, learning-rate keys, labels and aliases derive from it);
+- :mod:`._selection`: :class:`FreezeSelection`, one boolean per part plus optional patterns;
+- :mod:`._patterns`: train / freeze patterns (regular expressions over model-wide names) and their checks;
+- :mod:`._regex_safety`: the catastrophic-backtracking check every pattern passes before it is used.
+
+Imports nothing from the package but ``errors``: every other folder may import it.
+"""
+
+from bridge_freeze_plugin.request._parts import (
+    ALIASES,
+    BY_NAME,
+    FLAG_PARTS,
+    FLAGS,
+    INFO,
+    OTHER,
+    REQUIRED_PARTS,
+    SELECTABLE_PARTS,
+    VOCABULARY,
+    Part,
+    PartInfo,
+    in_order,
+    label,
+)
+from bridge_freeze_plugin.request._patterns import (
+    RULE,
+    Pattern,
+    PatternSet,
+    PatternSummary,
+    PatternTally,
+    check_lora_targets,
+    check_matched,
+    compile_pattern,
+    summary_lines,
+)
+from bridge_freeze_plugin.request._regex_safety import backtracking_risk
+from bridge_freeze_plugin.request._selection import (
+    PATTERN_KEYS,
+    FreezeSelection,
+    asked_text,
+    pattern_tuple,
+    type_name,
+    use_family_source,
+)
+
+__all__ = [
+    "ALIASES",
+    "BY_NAME",
+    "FLAGS",
+    "FLAG_PARTS",
+    "INFO",
+    "OTHER",
+    "PATTERN_KEYS",
+    "REQUIRED_PARTS",
+    "RULE",
+    "SELECTABLE_PARTS",
+    "VOCABULARY",
+    "FreezeSelection",
+    "Part",
+    "PartInfo",
+    "Pattern",
+    "PatternSet",
+    "PatternSummary",
+    "PatternTally",
+    "asked_text",
+    "backtracking_risk",
+    "check_lora_targets",
+    "check_matched",
+    "compile_pattern",
+    "in_order",
+    "label",
+    "pattern_tuple",
+    "summary_lines",
+    "type_name",
+    "use_family_source",
+]
