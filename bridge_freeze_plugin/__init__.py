@@ -5,7 +5,7 @@ registry of VLM families (module prefixes of each part), and a provider mixin th
 selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
 
 The flow, module by module: :mod:`~bridge_freeze_plugin.request._selection` (what is asked) ->
-:mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.registry` +
+:mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.families._registry` +
 :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.provider` +
 :mod:`~bridge_freeze_plugin.mixins` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
 :mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.report`.
@@ -39,11 +39,7 @@ from bridge_freeze_plugin.errors import (
     UnsupportedFreezeFlagError,
     Violation,
 )
-from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
-from bridge_freeze_plugin.prewrap.freeze import apply_selection
-from bridge_freeze_plugin.prewrap.lora import trainable_state_dict
-from bridge_freeze_plugin.prewrap.model_wide import last_report
-from bridge_freeze_plugin.registry import (
+from bridge_freeze_plugin.families import (
     REGISTRY,
     FamilySpec,
     family_for_provider,
@@ -51,6 +47,10 @@ from bridge_freeze_plugin.registry import (
     list_families,
     register_family,
 )
+from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
+from bridge_freeze_plugin.prewrap.freeze import apply_selection
+from bridge_freeze_plugin.prewrap.lora import trainable_state_dict
+from bridge_freeze_plugin.prewrap.model_wide import last_report
 from bridge_freeze_plugin.report import FreezeReport, PartCount
 from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Part, PartInfo
 from bridge_freeze_plugin.sync import export_trainable_hf_weights

@@ -33,6 +33,7 @@ from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
+from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import setup_check
 from bridge_freeze_plugin.prewrap.flags import FlagField
@@ -40,7 +41,6 @@ from bridge_freeze_plugin.prewrap.pipeline import get_model_frozen, provide_dist
 from bridge_freeze_plugin.provider import declared_default, flag_attributes, is_plugin_class, resolve_family
 from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.registry import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.request import FLAGS, FreezeSelection
 from bridge_freeze_plugin.state import MISSING, STATE
 

@@ -15,8 +15,8 @@ import inspect
 from typing import Any
 
 from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin.families import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
-from bridge_freeze_plugin.registry import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.report import DefaultOverride
 from bridge_freeze_plugin.request import ALIASES, FLAG_PARTS, FLAGS, FreezeSelection, asked_text, label
 from bridge_freeze_plugin.state import STATE

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from bridge_freeze_plugin.registry import FamilySpec
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.request import FreezeSelection, Part
 
 logger = logging.getLogger("bridge_freeze_plugin")

@@ -31,7 +31,7 @@ from bridge_freeze_plugin.config.reading import (
     with_provider_defaults,
 )
 from bridge_freeze_plugin.config.source import LoadedConfig, choose_layout, load, load_config, with_layout
-from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
+from bridge_freeze_plugin.families import REGISTRY, FamilySpec
 from bridge_freeze_plugin.request import FreezeSelection
 
 __all__ = [

@@ -52,7 +52,7 @@ from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection
 
 def _family_parts(model: str) -> tuple[Any, ...] | None:
     """The parts of the family ``model`` names (``None``: not a registered family)."""
-    from bridge_freeze_plugin.registry import REGISTRY
+    from bridge_freeze_plugin.families import REGISTRY
 
     family = REGISTRY.get_or_none(model)
     return None if family is None else family.part_names()

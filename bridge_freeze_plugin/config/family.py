@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from bridge_freeze_plugin.errors import UnknownFamilyError
-from bridge_freeze_plugin.registry import REGISTRY, FamilySpec
+from bridge_freeze_plugin.families import REGISTRY, FamilySpec
 
 logger = logging.getLogger("bridge_freeze_plugin")
 

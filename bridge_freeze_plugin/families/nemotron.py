@@ -1,6 +1,6 @@
 """Nemotron-VL (Nano V2 VL) and Nemotron Omni: a LLaVA model under ``llava_model``."""
 
-from bridge_freeze_plugin.registry import FamilySpec
+from bridge_freeze_plugin.families._registry import FamilySpec
 
 _LLAVA = {
     "language_model": ("llava_model.language_model",),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.mixins.generated import freezable_class
 from bridge_freeze_plugin.prewrap.context import BuildContext
 from bridge_freeze_plugin.prewrap.flags import with_flag_fields
@@ -25,7 +26,6 @@ from bridge_freeze_plugin.prewrap.freeze import freeze_chunks
 from bridge_freeze_plugin.prewrap.hooks import HookChain
 from bridge_freeze_plugin.prewrap.pipeline import preflight, provide_distributed_frozen, provide_frozen
 from bridge_freeze_plugin.provider import PLUGIN_CLASS_MARK, resolve_family, write_selection
-from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import FreezeReport
 from bridge_freeze_plugin.request import FreezeSelection
 

@@ -75,7 +75,7 @@ def freezable_class(cls: type) -> type:
 
 def _may_extend(path: str) -> bool:
     """Whether a decoded ``module:QualName`` may be imported: a registered provider, or Bridge allows it."""
-    from bridge_freeze_plugin.registry import REGISTRY
+    from bridge_freeze_plugin.families import REGISTRY
 
     if any(path in spec.providers for spec in REGISTRY):
         return True

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
+from bridge_freeze_plugin.families import FamilySpec, family_for_provider, list_families
 from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
 from bridge_freeze_plugin.planning.estimate import MemoryAssumptions, ParamInfo, Plan, make_plan
 from bridge_freeze_plugin.planning.layout import Layout
@@ -31,7 +32,6 @@ from bridge_freeze_plugin.planning.model_choice import (
 from bridge_freeze_plugin.planning.per_rank import _LM_LAYER, ActivationSettings, plan_ranks
 from bridge_freeze_plugin.planning.sync_bytes import plan_sync
 from bridge_freeze_plugin.provider import model_name_of, provider_label
-from bridge_freeze_plugin.registry import FamilySpec, family_for_provider, list_families
 from bridge_freeze_plugin.request import FreezeSelection, Part
 
 

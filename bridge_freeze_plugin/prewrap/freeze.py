@@ -2,7 +2,7 @@
 
 Runs on bare model chunks (a list for virtual pipeline, or one module) before Float16Module and the
 DDP wrap, so DDP allocates no gradient buffer and the optimizer keeps no state for frozen weights.
-Generic: everything family-specific comes from the :class:`~bridge_freeze_plugin.registry.FamilySpec`.
+Generic: everything family-specific comes from the :class:`~bridge_freeze_plugin.families._registry.FamilySpec`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 from bridge_freeze_plugin.counting import PartTally, tally_parameters
 from bridge_freeze_plugin.errors import UnclassifiedParameterError
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks, named_parameters
 from bridge_freeze_plugin.prewrap.context import BuildContext
 from bridge_freeze_plugin.prewrap.model_names import model_wide_names, names_are_model_wide
-from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.request import FreezeSelection, PatternSummary, PatternTally, check_matched
 from bridge_freeze_plugin.state import ChunkState, chunk_state, set_chunk_state

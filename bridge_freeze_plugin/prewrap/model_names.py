@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from bridge_freeze_plugin.families import canonical_name
 from bridge_freeze_plugin.prewrap.classify import as_chunks
 from bridge_freeze_plugin.ranks import world
-from bridge_freeze_plugin.registry import canonical_name
 
 _LAYER = re.compile(r"(?:.*\.)?layers\.\d+")
 _GROUPED = re.compile(r"(weight|bias)(\d+)")

@@ -21,9 +21,9 @@ import logging
 from typing import Any
 
 from bridge_freeze_plugin.counting import PartTally
+from bridge_freeze_plugin.families import REGISTRY
 from bridge_freeze_plugin.prewrap.classify import Classifier, named_parameters
 from bridge_freeze_plugin.ranks import collective_device, world
-from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.report import FreezeReport
 from bridge_freeze_plugin.request import PatternTally, check_matched
 from bridge_freeze_plugin.state import provider_state

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
+from bridge_freeze_plugin.families import family_for_provider
 from bridge_freeze_plugin.prewrap import recompute_fix
 from bridge_freeze_plugin.prewrap.collective import errors_agreed
 from bridge_freeze_plugin.prewrap.context import BuildContext
@@ -27,7 +28,6 @@ from bridge_freeze_plugin.prewrap.freeze import claim_report, freeze_chunks
 from bridge_freeze_plugin.prewrap.hooks import HookChain, user_hooks
 from bridge_freeze_plugin.prewrap.model_wide import store_report
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.registry import family_for_provider
 from bridge_freeze_plugin.report import log_report
 from bridge_freeze_plugin.state import provider_state
 

@@ -22,10 +22,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap.adapters import base_name
 from bridge_freeze_plugin.prewrap.classify import as_chunks
 from bridge_freeze_plugin.recompute import affected_parts, is_full
-from bridge_freeze_plugin.registry import FamilySpec
 from bridge_freeze_plugin.request import FreezeSelection
 
 if TYPE_CHECKING:

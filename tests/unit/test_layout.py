@@ -71,7 +71,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_modules_are_found():
     names = {p.relative_to(PACKAGE).as_posix() for p in MODULES}
-    assert {"__init__.py", "activation.py", "registry.py", "mixins/freezable.py", "prewrap/pipeline.py"} <= names
+    assert {"__init__.py", "activation.py", "families/_registry.py", "mixins/freezable.py", "prewrap/pipeline.py"} <= names
 
 
 def test_the_import_scanner_tells_module_level_from_function_bodies():

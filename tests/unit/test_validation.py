@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.errors import BridgeFreezeError, FreezeFlagTypeError
-from bridge_freeze_plugin.registry import REGISTRY
+from bridge_freeze_plugin.families import REGISTRY
 from bridge_freeze_plugin.validation import (
     LoraSettings,
     family_from_model_path,

@@ -1,7 +1,7 @@
 """One VLM family as data: :class:`FamilySpec`, the module prefixes of each part, checked when it is made.
 
 A prefix names a module as a bare model chunk's ``named_parameters()`` spells it; a parameter belongs to the
-part with the longest matching prefix. :mod:`bridge_freeze_plugin.registry` holds the registered specs.
+part with the longest matching prefix. :mod:`bridge_freeze_plugin.families._registry` holds the registered specs.
 """
 
 from __future__ import annotations

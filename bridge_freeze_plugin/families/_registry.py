@@ -19,13 +19,12 @@ Usage, in the spirit of timm's ``@register_model`` and PEFT's ``register_peft_me
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
-from bridge_freeze_plugin.family_spec import FamilySpec, canonical_name, class_path
+from bridge_freeze_plugin.families._spec import FamilySpec, canonical_name, class_path
 from bridge_freeze_plugin.ranks import is_rank0
 
 __all__ = [
@@ -232,9 +231,8 @@ def family_for_provider(provider: Any) -> FamilySpec | None:
 
 
 def _ensure_builtins() -> None:
-    # Importing the package registers the built-in tables; this keeps direct
-    # ``bridge_freeze_plugin.registry`` users correct too.
-    importlib.import_module("bridge_freeze_plugin.families")
+    # The built-in tables are registered by the families package, which every import of this module runs first
+    # (it is the package's private module): only the entry points may be new.
     REGISTRY.load_entry_points()
 
 

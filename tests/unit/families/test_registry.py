@@ -17,7 +17,7 @@ from bridge_freeze_plugin import (
     list_families,
     register_family,
 )
-from bridge_freeze_plugin.registry import FamilyRegistry, class_path
+from bridge_freeze_plugin.families._registry import FamilyRegistry, class_path
 
 
 def _spec(name="toy", providers=("tests.toy:ToyProvider",), **kw):

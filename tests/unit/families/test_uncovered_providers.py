@@ -37,8 +37,8 @@ def _bridge_provider_classes_with_a_flag():
 
 
 def test_every_bridge_provider_with_a_flag_is_covered_or_refused_by_name(cpu_bridge):
+    from bridge_freeze_plugin.families._registry import class_path
     from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
-    from bridge_freeze_plugin.registry import class_path
 
     classes = _bridge_provider_classes_with_a_flag()
     assert len(classes) >= 20  # Bridge 0.6.2 ships 25: the enumeration itself works
