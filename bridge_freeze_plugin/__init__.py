@@ -6,9 +6,9 @@ selection before the DDP wrap. Importing this package imports neither torch nor 
 
 The flow, module by module: :mod:`~bridge_freeze_plugin.request._selection` (what is asked) ->
 :mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.families._registry` +
-:mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.provider` +
+:mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.prewrap._provider` +
 :mod:`~bridge_freeze_plugin.mixins` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
-:mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.report`.
+:mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.prewrap._report`.
 """
 
 import importlib
@@ -48,10 +48,7 @@ from bridge_freeze_plugin.families import (
     register_family,
 )
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
-from bridge_freeze_plugin.prewrap.freeze import apply_selection
-from bridge_freeze_plugin.prewrap.lora import trainable_state_dict
-from bridge_freeze_plugin.prewrap.model_wide import last_report
-from bridge_freeze_plugin.report import FreezeReport, PartCount
+from bridge_freeze_plugin.prewrap import FreezeReport, PartCount, apply_selection, last_report, trainable_state_dict
 from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Part, PartInfo
 from bridge_freeze_plugin.sync import export_trainable_hf_weights
 

@@ -5,8 +5,8 @@ imports ``megatron.bridge`` (see ``_bridge_freeze_autoload``). For each provider
 registered family it installs, in place, once the class's module is imported:
 
 - ``provide()`` and ``provide_distributed_model()`` wrappers running the plugin's build
-  (:mod:`bridge_freeze_plugin.prewrap.pipeline`);
-- the flags (one per part of the vocabulary) as :class:`~bridge_freeze_plugin.prewrap.flags.FlagField`
+  (:mod:`bridge_freeze_plugin.prewrap._pipeline`);
+- the flags (one per part of the vocabulary) as :class:`~bridge_freeze_plugin.prewrap._flags.FlagField`
   descriptors, defaulting to
   ``False`` (Bridge's ``Qwen3VLMoEModelProvider`` defaults two of them to ``True``); the original
   defaults are remembered and named in the report.
@@ -17,7 +17,7 @@ gets a guard on ``provide()`` / ``provide_distributed_model()`` once ``megatron.
 a flag set there raises ``UnsupportedFreezeFlagError`` instead of building with every tensor
 trainable. ``deactivate()`` undoes everything, and keeps the autoload
 hook from activating again until ``activate()`` is called. Every record of what was patched lives in
-:data:`bridge_freeze_plugin.state.STATE`.
+:data:`bridge_freeze_plugin.prewrap._state.STATE`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,21 @@ from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import setup_check
-from bridge_freeze_plugin.prewrap.flags import FlagField
-from bridge_freeze_plugin.prewrap.pipeline import get_model_frozen, provide_distributed_frozen, provide_frozen
-from bridge_freeze_plugin.provider import declared_default, flag_attributes, is_plugin_class, resolve_family
+from bridge_freeze_plugin.prewrap import (
+    MISSING,
+    STATE,
+    FlagField,
+    declared_default,
+    flag_attributes,
+    get_model_frozen,
+    is_plugin_class,
+    provide_distributed_frozen,
+    provide_frozen,
+    resolve_family,
+)
 from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import FLAGS, FreezeSelection
-from bridge_freeze_plugin.state import MISSING, STATE
 
 logger = logging.getLogger("bridge_freeze_plugin")
 

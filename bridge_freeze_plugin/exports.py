@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import AdapterExportError
-from bridge_freeze_plugin.prewrap.freeze import PART_ATTR
+from bridge_freeze_plugin.prewrap import PART_ATTR
 from bridge_freeze_plugin.request import FLAGS, INFO, SELECTABLE_PARTS, Part
 
 AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")

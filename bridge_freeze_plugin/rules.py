@@ -18,9 +18,8 @@ from bridge_freeze_plugin.config.family import import_target, importable_target
 from bridge_freeze_plugin.config.reading import LoraSettings, RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
-from bridge_freeze_plugin.provider import resolve_family
+from bridge_freeze_plugin.prewrap import full_recompute_adjustment, is_full, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.recompute import full_recompute_adjustment, is_full
 from bridge_freeze_plugin.request import (
     BY_NAME,
     FLAG_PARTS,

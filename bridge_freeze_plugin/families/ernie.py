@@ -12,7 +12,7 @@ FAMILIES = [
         vision_model=("vision_tower", "vision_model"),
         vision_projection=("resampler_model",),
         hf_model_types=("ernie4_5_vl_moe", "ernie4_5_moe_vl"),
-        # Measured (tests/unit/test_recompute_fix.py): under full recompute the vision experts of the language
+        # Measured (tests/unit/prewrap/test_recompute_fix.py): under full recompute the vision experts of the language
         # model's MoE get no gradient and the vision tower a wrong one, whatever trains.
         recompute_note=(
             "the language model's MoE layers read which tokens are image tokens from a module-level variable that "

@@ -13,7 +13,7 @@ _QWEN3_LAYOUT = {
 }
 # Under full activation recompute the vision config copies the LM's recompute settings, and the DeepStack
 # mergers (run inside the checkpointed function, outputs returned in a Python list) get no gradient, the
-# encoder layers before them a wrong one (measured: tests/unit/test_recompute_fix.py). Qwen3.5-VL shares the
+# encoder layers before them a wrong one (measured: tests/unit/prewrap/test_recompute_fix.py). Qwen3.5-VL shares the
 # layout but its vision config has no DeepStack indexes: its recompute gradients are right (same test).
 _QWEN3_RECOMPUTE = {
     "recompute_note": (

@@ -2,7 +2,7 @@
 
 from bridge_freeze_plugin.mixins.freezable import FreezableVLMProvider, make_freezable
 from bridge_freeze_plugin.mixins.generated import freezable_class
-from bridge_freeze_plugin.provider import declared_default, overridden_defaults, write_selection
+from bridge_freeze_plugin.prewrap import declared_default, overridden_defaults, write_selection
 
 __all__ = [
     "FreezableVLMProvider",

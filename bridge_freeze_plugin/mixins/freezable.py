@@ -10,7 +10,7 @@ Put the mixin first among the bases of a Bridge provider dataclass::
 
 or turn an existing provider (e.g. from ``AutoBridge.to_megatron_provider()``) into one with
 :func:`make_freezable`, which also writes a selection to it. The build itself is
-:mod:`bridge_freeze_plugin.prewrap.pipeline`; this module only adapts a provider class to it.
+:mod:`bridge_freeze_plugin.prewrap._pipeline`; this module only adapts a provider class to it.
 """
 
 from __future__ import annotations
@@ -20,13 +20,19 @@ from typing import Any
 
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.mixins.generated import freezable_class
-from bridge_freeze_plugin.prewrap.context import BuildContext
-from bridge_freeze_plugin.prewrap.flags import with_flag_fields
-from bridge_freeze_plugin.prewrap.freeze import freeze_chunks
-from bridge_freeze_plugin.prewrap.hooks import HookChain
-from bridge_freeze_plugin.prewrap.pipeline import preflight, provide_distributed_frozen, provide_frozen
-from bridge_freeze_plugin.provider import PLUGIN_CLASS_MARK, resolve_family, write_selection
-from bridge_freeze_plugin.report import FreezeReport
+from bridge_freeze_plugin.prewrap import (
+    PLUGIN_CLASS_MARK,
+    BuildContext,
+    FreezeReport,
+    HookChain,
+    freeze_chunks,
+    preflight,
+    provide_distributed_frozen,
+    provide_frozen,
+    resolve_family,
+    with_flag_fields,
+    write_selection,
+)
 from bridge_freeze_plugin.request import FreezeSelection
 
 ModelChunks = list[Any]

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
-from bridge_freeze_plugin.state import STATE
+from bridge_freeze_plugin.prewrap import STATE
 
 #: Bridge's module that validates and instantiates ``_target_`` paths.
 _BRIDGE_INSTANTIATE = "megatron.bridge.utils.instantiate_utils"
@@ -57,7 +57,7 @@ def class_name(cls: type) -> str:
 def freezable_class(cls: type) -> type:
     """The (cached) dataclass ``FreezableVLMProvider`` subclass of a provider class."""
     from bridge_freeze_plugin.mixins.freezable import FreezableVLMProvider
-    from bridge_freeze_plugin.provider import PLUGIN_CLASS_MARK
+    from bridge_freeze_plugin.prewrap import PLUGIN_CLASS_MARK
 
     if issubclass(cls, FreezableVLMProvider):
         return cls

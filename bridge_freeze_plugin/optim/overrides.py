@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim.settings import ADAPTERS, PartLearningRates
-from bridge_freeze_plugin.prewrap.freeze import PART_ATTR
-from bridge_freeze_plugin.state import chunk_state
+from bridge_freeze_plugin.prewrap import PART_ATTR, chunk_state
 
 if TYPE_CHECKING:
     from megatron.core.optimizer import OptimizerConfig

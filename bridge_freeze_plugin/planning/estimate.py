@@ -12,7 +12,7 @@ Pure arithmetic (no torch, no Bridge). What a training run holds per part:
   data-parallel ranks: ``dp_size`` divides it (the gradient buffer is not sharded).
 
 Part counts are for the whole model (tensor / pipeline / expert parallel size 1); the per-part counting is
-:mod:`bridge_freeze_plugin.counting`'s. What each GPU holds under a parallel layout (``Plan.per_rank``) comes
+:mod:`bridge_freeze_plugin.prewrap._counting`'s. What each GPU holds under a parallel layout (``Plan.per_rank``) comes
 from real per-rank builds (:mod:`.per_rank`).
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge_freeze_plugin.counting import PartCount, PartTally
 from bridge_freeze_plugin.errors import PlanError
+from bridge_freeze_plugin.prewrap import PartCount, PartTally
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
 #: Version of the ``--json`` document (bumped on any incompatible change; see docs/cli.md).

@@ -31,7 +31,7 @@ from bridge_freeze_plugin.planning.model_choice import (
 )
 from bridge_freeze_plugin.planning.per_rank import _LM_LAYER, ActivationSettings, plan_ranks
 from bridge_freeze_plugin.planning.sync_bytes import plan_sync
-from bridge_freeze_plugin.provider import model_name_of, provider_label
+from bridge_freeze_plugin.prewrap import model_name_of, provider_label
 from bridge_freeze_plugin.request import FreezeSelection, Part
 
 
@@ -53,8 +53,7 @@ def collect_params(model: Any, family: FamilySpec, base_names: frozenset[str] | 
     ``base_names``: the parameter names before a PEFT hook ran; a trainable parameter whose (unwrapped) name is
     not among them is an adapter.
     """
-    from bridge_freeze_plugin.prewrap.adapters import base_name
-    from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks, named_parameters
+    from bridge_freeze_plugin.prewrap import Classifier, as_chunks, base_name, named_parameters
 
     classifier = Classifier(family)
     seen: set[int] = set()
@@ -75,8 +74,7 @@ def apply_lora(provider: Any, model: Any, lora: Any) -> tuple[Any, frozenset[str
     full-rank parts, the guarantee), as a real build would; returns the model and its names before LoRA."""
     import torch
 
-    from bridge_freeze_plugin.prewrap.hooks import HookChain
-    from bridge_freeze_plugin.prewrap.pipeline import preflight
+    from bridge_freeze_plugin.prewrap import HookChain, preflight
 
     before = frozenset(name for name, _ in model.named_parameters())
     with torch.device("meta"):

@@ -208,15 +208,10 @@ def _one_rank_of_many() -> Iterator[None]:
     matches somewhere) need the counts of all ranks, which a fake world's all-reduce does not bring: a rank
     alone would be refused for holding no vision encoder. The plan's whole-model build already gave both
     verdicts for the same selection; here they are skipped. Every per-rank check stays."""
-    from bridge_freeze_plugin.prewrap import hooks, model_wide
+    from bridge_freeze_plugin.prewrap import model_wide_checks_skipped
 
-    saved = hooks.check_parts_present, model_wide.check_matched
-    hooks.check_parts_present = lambda *_args, **_kwargs: None  # type: ignore[assignment]
-    model_wide.check_matched = lambda *_args, **_kwargs: None  # type: ignore[assignment]
-    try:
+    with model_wide_checks_skipped():
         yield
-    finally:
-        hooks.check_parts_present, model_wide.check_matched = saved
 
 
 def build_rank(provider: Any, layout: Layout, rank: int, build_context: Callable[[], Any]) -> tuple[dict, list]:
@@ -351,7 +346,7 @@ def rank_figures(
 
 def activation_model(provider: Any, layout: Layout, family: Any, selection: Any, recompute: str) -> ActivationModel:
     """The sizes of ``provider``'s stacks; the plugin's full-recompute fix for the vision encoder when it applies."""
-    from bridge_freeze_plugin.recompute import affected_parts
+    from bridge_freeze_plugin.prewrap import affected_parts
 
     sp = layout.tp > 1
     lm = language_stack(provider, tp=layout.tp, sequence_parallel=sp)

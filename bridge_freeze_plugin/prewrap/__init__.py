@@ -3,19 +3,95 @@
 Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, which tools treat as generated output.
 
 
-- :mod:`.context`: the :class:`~.context.BuildContext`, computed once per build (family, selection, labels);
-- :mod:`.pipeline`: ``provide()`` / ``provide_distributed_model()`` with the selection applied, per call and
+- :mod:`._context`: the :class:`~._context.BuildContext`, computed once per build (family, selection, labels);
+- :mod:`._pipeline`: ``provide()`` / ``provide_distributed_model()`` with the selection applied, per call and
   per thread;
-- :mod:`.flags`: the flags as descriptors, read as ``False`` by Bridge's own ``provide()`` during a build;
-- :mod:`.classify`: which part each parameter belongs to, by identity (wrappers and renames do not hide it);
-- :mod:`.freeze`: the freeze itself (``requires_grad`` by part);
-- :mod:`.model_names`: model-wide parameter names under pipeline / expert parallelism (what patterns match);
-- :mod:`.hooks`: the pre-wrap hook chain (the plugin's freeze first, the guarantee last), for
+- :mod:`._flags`: the flags as descriptors, read as ``False`` by Bridge's own ``provide()`` during a build;
+- :mod:`._classify`: which part each parameter belongs to, by identity (wrappers and renames do not hide it);
+- :mod:`._freeze`: the freeze itself (``requires_grad`` by part);
+- :mod:`._model_names`: model-wide parameter names under pipeline / expert parallelism (what patterns match);
+- :mod:`._hooks`: the pre-wrap hook chain (the plugin's freeze first, the guarantee last), for
   ``provide_distributed_model`` and Bridge's public ``get_model`` alike;
-- :mod:`.lora`: LoRA with full-rank parts (restore, overlap check, ``params_to_save``);
-- :mod:`.guarantee`: after every hook, what trains is exactly what was asked (a hook may narrow a trained part);
-- :mod:`.recompute_fix`: full recompute where it breaks gradients, turned off there (private config copies);
-- :mod:`.adapters`: what the plugin knows of Bridge's PEFT conventions;
-- :mod:`.collective`: an error on one rank is an error on every rank;
-- :mod:`.model_wide`: the model-wide report over tensor / pipeline / expert ranks (one ``all_reduce``).
+- :mod:`._lora`: LoRA with full-rank parts (restore, overlap check, ``params_to_save``);
+- :mod:`._guarantee`: after every hook, what trains is exactly what was asked (a hook may narrow a trained part);
+- :mod:`._recompute_fix`: full recompute where it breaks gradients, turned off there (private config copies);
+- :mod:`._adapters`: what the plugin knows of Bridge's PEFT conventions;
+- :mod:`._collective`: an error on one rank is an error on every rank;
+- :mod:`._model_wide`: the model-wide report over tensor / pipeline / expert ranks (one ``all_reduce``);
+- :mod:`._provider`: the questions asked of a provider (its family, its flags, Bridge's own defaults);
+- :mod:`._state`: the plugin's one mutable state (patch records, per-provider and per-chunk state);
+- :mod:`._counting` and :mod:`._report`: parameters counted per part, and the :class:`FreezeReport`;
+- :mod:`._recompute`: which parts full activation recompute concerns (the rule :mod:`._recompute_fix` applies).
 """
+
+from bridge_freeze_plugin.prewrap._adapters import base_name
+from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks, named_parameters
+from bridge_freeze_plugin.prewrap._context import BuildContext
+from bridge_freeze_plugin.prewrap._counting import PartCount, PartTally
+from bridge_freeze_plugin.prewrap._flags import FlagField, with_flag_fields
+from bridge_freeze_plugin.prewrap._freeze import PART_ATTR, apply_selection, freeze_chunks
+from bridge_freeze_plugin.prewrap._hooks import HookChain, model_wide_checks_skipped
+from bridge_freeze_plugin.prewrap._lora import trainable_state_dict
+from bridge_freeze_plugin.prewrap._model_wide import last_report
+from bridge_freeze_plugin.prewrap._pipeline import (
+    get_model_frozen,
+    preflight,
+    provide_distributed_frozen,
+    provide_frozen,
+)
+from bridge_freeze_plugin.prewrap._provider import (
+    PLUGIN_CLASS_MARK,
+    bridge_class,
+    declared_default,
+    flag_attributes,
+    is_plugin_class,
+    model_name_of,
+    overridden_defaults,
+    provider_label,
+    resolve_family,
+    write_selection,
+)
+from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompute_adjustment, is_full
+from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
+
+__all__ = [
+    "MISSING",
+    "PART_ATTR",
+    "PLUGIN_CLASS_MARK",
+    "STATE",
+    "BuildContext",
+    "Classifier",
+    "DefaultOverride",
+    "FlagField",
+    "FreezeReport",
+    "HookChain",
+    "PartCount",
+    "PartTally",
+    "affected_parts",
+    "apply_selection",
+    "as_chunks",
+    "base_name",
+    "bridge_class",
+    "chunk_state",
+    "declared_default",
+    "flag_attributes",
+    "freeze_chunks",
+    "full_recompute_adjustment",
+    "get_model_frozen",
+    "is_full",
+    "is_plugin_class",
+    "last_report",
+    "model_name_of",
+    "model_wide_checks_skipped",
+    "named_parameters",
+    "overridden_defaults",
+    "preflight",
+    "provide_distributed_frozen",
+    "provide_frozen",
+    "provider_label",
+    "resolve_family",
+    "trainable_state_dict",
+    "with_flag_fields",
+    "write_selection",
+]

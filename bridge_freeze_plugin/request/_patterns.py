@@ -5,7 +5,7 @@ of a module it belongs to. ``vision_model.merger`` matches ``vision_model.merger
 name covers its parameters), ``language_model\\.decoder\\.layers\\.(2|3)`` matches every parameter of layers 2
 and 3, and an exact parameter name matches that parameter. Names are the model-wide canonical names that
 ``bridge-freeze plan MODEL --json`` lists (global layer and expert numbers under pipeline and expert parallelism,
-see :mod:`bridge_freeze_plugin.prewrap.model_names`). Every pattern is compiled when the selection is made; an
+see :mod:`bridge_freeze_plugin.prewrap._model_names`). Every pattern is compiled when the selection is made; an
 invalid one raises :class:`InvalidPatternError` naming it.
 
 The rule, in one sentence: a parameter of a part trains if a train pattern matches it, else is frozen

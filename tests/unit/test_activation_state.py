@@ -88,7 +88,7 @@ def test_a_second_thread_sees_and_builds_with_the_real_flags_while_the_first_bui
     from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLModelProvider
 
     from bridge_freeze_harness.tiny import build_context
-    from bridge_freeze_plugin.prewrap.pipeline import provide_frozen
+    from bridge_freeze_plugin.prewrap import provide_frozen
 
     provider = make_freezable(make_provider("qwen3_vl"), PROJECTION_ONLY)
     bridge_provide = Qwen3VLModelProvider.provide.__bridge_freeze_wrapped__

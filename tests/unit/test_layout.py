@@ -71,7 +71,8 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_modules_are_found():
     names = {p.relative_to(PACKAGE).as_posix() for p in MODULES}
-    assert {"__init__.py", "activation.py", "families/_registry.py", "mixins/freezable.py", "prewrap/pipeline.py"} <= names
+    assert {"__init__.py", "activation.py", "families/_registry.py", "mixins/freezable.py",
+            "prewrap/_pipeline.py"} <= names
 
 
 def test_the_import_scanner_tells_module_level_from_function_bodies():
@@ -159,7 +160,7 @@ def _runtime_closure() -> dict[str, set[str]]:
 
 def test_no_runtime_module_reaches_the_harness_by_any_import():
     closure = _runtime_closure()
-    assert {"bridge_freeze_plugin.prewrap.pipeline", "bridge_freeze_plugin.activation"} <= set(closure)
+    assert {"bridge_freeze_plugin.prewrap._pipeline", "bridge_freeze_plugin.activation"} <= set(closure)
     offenders = {m for m, imported in closure.items() if any(_top(i) == TESTING for i in imported)}
     assert not offenders, f"runtime modules importing {TESTING}: {sorted(offenders)}"
     command = {m for m in closure if m.startswith(("bridge_freeze_plugin.cli", "bridge_freeze_plugin.plan"))}

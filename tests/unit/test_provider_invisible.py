@@ -18,7 +18,7 @@ import torch
 from _family_parts import parts_of
 
 from bridge_freeze_harness.tiny import TINY_FAMILIES, build_context, build_tiny_chunks, make_provider
-from bridge_freeze_plugin.provider import bridge_class
+from bridge_freeze_plugin.prewrap import bridge_class
 from bridge_freeze_plugin.request import FLAGS
 
 FAMILIES = sorted(TINY_FAMILIES)

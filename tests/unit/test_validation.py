@@ -470,7 +470,7 @@ FAMILIES = ("unknown", "unsupported", "qwen3_vl", "qwen3_vl_moe", "qwen35_vl", "
             "provider:qwen3_vl", "provider:nemotron_vl")
 # Written here, not read from the registry: the families whose vision gradients full recompute gets wrong, and
 # so which parts' training makes the build adjust it (Qwen3.5-VL shares the layout but was measured unaffected:
-# tests/unit/test_recompute_fix.py).
+# tests/unit/prewrap/test_recompute_fix.py).
 ADJUSTED_UNDER_FULL_RECOMPUTE = {"qwen3_vl": {"vision_model", "vision_projection"},
                                  "qwen3_vl_moe": {"vision_model", "vision_projection"}}
 

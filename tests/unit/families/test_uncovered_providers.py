@@ -69,7 +69,7 @@ def test_a_providers_own_flag_is_left_to_bridges_freeze_and_said_once(cpu_bridge
 
     from megatron.bridge.models.megatron_mimo.megatron_mimo_provider import MegatronMIMOProvider
 
-    from bridge_freeze_plugin.state import STATE
+    from bridge_freeze_plugin.prewrap import STATE
 
     STATE.left_to_bridge.discard(MegatronMIMOProvider)
     calls = []

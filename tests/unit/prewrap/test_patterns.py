@@ -16,7 +16,7 @@ import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 from bridge_freeze_plugin import FamilySpec, FreezeSelection, apply_selection
 from bridge_freeze_plugin.errors import FreezeGuaranteeError, InvalidPatternError, UnmatchedPatternError
-from bridge_freeze_plugin.prewrap.model_names import _rename
+from bridge_freeze_plugin.prewrap._model_names import _rename
 from bridge_freeze_plugin.request import PatternSet, check_matched, compile_pattern
 
 FLAG_OF = {"language_model": "freeze_language_model", "vision_model": "freeze_vision_model",

@@ -176,7 +176,7 @@ def test_a_peft_object_registered_as_the_hook_works_too(cpu_bridge):
 def test_the_peft_behind_a_hook_is_found_wherever_it_is_held(cpu_bridge):
     from megatron.bridge.training.setup import _create_peft_pre_wrap_hook
 
-    from bridge_freeze_plugin.prewrap.lora import find_peft
+    from bridge_freeze_plugin.prewrap._lora import find_peft
 
     peft = lora(["linear_qkv"])
     setup_hook = _create_peft_pre_wrap_hook(SimpleNamespace(peft=peft), state=None)  # Bridge's setup() makes this

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from bridge_freeze_plugin.families import FamilySpec, canonical_name
-from bridge_freeze_plugin.prewrap.adapters import base_name
+from bridge_freeze_plugin.prewrap._adapters import base_name
 from bridge_freeze_plugin.request import Part
 
 

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from bridge_freeze_plugin.families import canonical_name
-from bridge_freeze_plugin.prewrap.classify import as_chunks
+from bridge_freeze_plugin.prewrap._classify import as_chunks
 from bridge_freeze_plugin.ranks import world
 
 _LAYER = re.compile(r"(?:.*\.)?layers\.\d+")

@@ -10,15 +10,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bridge_freeze_plugin.counting import PartTally, tally_parameters
 from bridge_freeze_plugin.errors import UnclassifiedParameterError
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks, named_parameters
-from bridge_freeze_plugin.prewrap.context import BuildContext
-from bridge_freeze_plugin.prewrap.model_names import model_wide_names, names_are_model_wide
-from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks, named_parameters
+from bridge_freeze_plugin.prewrap._context import BuildContext
+from bridge_freeze_plugin.prewrap._counting import PartTally, tally_parameters
+from bridge_freeze_plugin.prewrap._model_names import model_wide_names, names_are_model_wide
+from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._state import ChunkState, chunk_state, set_chunk_state
 from bridge_freeze_plugin.request import FreezeSelection, PatternSummary, PatternTally, check_matched
-from bridge_freeze_plugin.state import ChunkState, chunk_state, set_chunk_state
 
 logger = logging.getLogger("bridge_freeze_plugin")
 

@@ -20,16 +20,16 @@ from typing import Any
 
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families import family_for_provider
-from bridge_freeze_plugin.prewrap import recompute_fix
-from bridge_freeze_plugin.prewrap.collective import errors_agreed
-from bridge_freeze_plugin.prewrap.context import BuildContext
-from bridge_freeze_plugin.prewrap.flags import flags_hidden
-from bridge_freeze_plugin.prewrap.freeze import claim_report, freeze_chunks
-from bridge_freeze_plugin.prewrap.hooks import HookChain, user_hooks
-from bridge_freeze_plugin.prewrap.model_wide import store_report
+from bridge_freeze_plugin.prewrap import _recompute_fix as recompute_fix
+from bridge_freeze_plugin.prewrap._collective import errors_agreed
+from bridge_freeze_plugin.prewrap._context import BuildContext
+from bridge_freeze_plugin.prewrap._flags import flags_hidden
+from bridge_freeze_plugin.prewrap._freeze import claim_report, freeze_chunks
+from bridge_freeze_plugin.prewrap._hooks import HookChain, user_hooks
+from bridge_freeze_plugin.prewrap._model_wide import store_report
+from bridge_freeze_plugin.prewrap._report import log_report
+from bridge_freeze_plugin.prewrap._state import provider_state
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.report import log_report
-from bridge_freeze_plugin.state import provider_state
 
 
 @dataclass(frozen=True)

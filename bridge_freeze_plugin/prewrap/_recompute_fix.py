@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.prewrap.adapters import base_name
-from bridge_freeze_plugin.prewrap.classify import as_chunks
-from bridge_freeze_plugin.recompute import affected_parts, is_full
+from bridge_freeze_plugin.prewrap._adapters import base_name
+from bridge_freeze_plugin.prewrap._classify import as_chunks
+from bridge_freeze_plugin.prewrap._recompute import affected_parts, is_full
 from bridge_freeze_plugin.request import FreezeSelection
 
 if TYPE_CHECKING:
-    from bridge_freeze_plugin.prewrap.context import BuildContext
+    from bridge_freeze_plugin.prewrap._context import BuildContext
 
 logger = logging.getLogger("bridge_freeze_plugin")
 

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from bridge_freeze_plugin.errors import LoraOverlapError
-from bridge_freeze_plugin.prewrap.adapters import WRAPPER_SEGMENTS
-from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks
-from bridge_freeze_plugin.prewrap.context import BuildContext
+from bridge_freeze_plugin.prewrap._adapters import WRAPPER_SEGMENTS
+from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks
+from bridge_freeze_plugin.prewrap._context import BuildContext
 
 _SHOWN = 12
 #: Bridge's PEFT base class (a PEFT object is recognised by it, never by a name).

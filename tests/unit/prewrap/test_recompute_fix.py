@@ -132,7 +132,7 @@ def test_an_affected_part_beyond_the_vision_three_counts_when_it_trains():
     """A family whose audio encoder full recompute gets wrong: the default selection trains it (no flag set), so
     it is affected; its flag set, it is not."""
     from bridge_freeze_plugin import FamilySpec
-    from bridge_freeze_plugin.recompute import affected_parts
+    from bridge_freeze_plugin.prewrap import affected_parts
 
     family = FamilySpec(name="toy_audio", providers=("toy.module:ToyProvider",), language_model=("lm",),
                         parts={"audio_model": ("audio",)}, no_full_recompute=("audio.config",),

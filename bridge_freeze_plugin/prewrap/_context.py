@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bridge_freeze_plugin.counting import PartTally
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.provider import model_name_of, overridden_defaults, provider_label, resolve_family
-from bridge_freeze_plugin.report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._counting import PartTally
+from bridge_freeze_plugin.prewrap._provider import model_name_of, overridden_defaults, provider_label, resolve_family
+from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.request import FreezeSelection, Part, asked_text
 
 if TYPE_CHECKING:

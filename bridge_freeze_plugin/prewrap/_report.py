@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bridge_freeze_plugin.counting import PartCount
+from bridge_freeze_plugin.prewrap._counting import PartCount
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 

@@ -17,9 +17,9 @@ from typing import Any
 from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families import FamilySpec, class_path, family_for_provider, list_families
 from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
-from bridge_freeze_plugin.report import DefaultOverride
+from bridge_freeze_plugin.prewrap._report import DefaultOverride
+from bridge_freeze_plugin.prewrap._state import STATE
 from bridge_freeze_plugin.request import ALIASES, FLAG_PARTS, FLAGS, FreezeSelection, asked_text, label
-from bridge_freeze_plugin.state import STATE
 
 #: Marks the plugin's own classes (the mixin, generated freezable subclasses) in a provider's MRO.
 PLUGIN_CLASS_MARK = "_bridge_freeze_plugin_class"

@@ -25,8 +25,8 @@ warning was given) and per chunk (:class:`ChunkState`: the selection applied, wh
 logged) lives in :class:`IdentityTable` side tables here, keyed by the object's identity and dropped when
 the object is garbage-collected. A copy of a provider is a new provider with no report yet.
 
-Per-build state (which build is running, and its :class:`~bridge_freeze_plugin.prewrap.context.BuildContext`)
-is per thread and per call (:mod:`bridge_freeze_plugin.prewrap.pipeline`), never stored on the provider.
+Per-build state (which build is running, and its :class:`~bridge_freeze_plugin.prewrap._context.BuildContext`)
+is per thread and per call (:mod:`bridge_freeze_plugin.prewrap._pipeline`), never stored on the provider.
 """
 
 from __future__ import annotations

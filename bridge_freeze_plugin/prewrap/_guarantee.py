@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridge_freeze_plugin.errors import FreezeGuaranteeError, Violation
-from bridge_freeze_plugin.prewrap.adapters import is_peft_hook
-from bridge_freeze_plugin.prewrap.classify import Classifier, named_parameters
-from bridge_freeze_plugin.prewrap.context import BuildContext
+from bridge_freeze_plugin.prewrap._adapters import is_peft_hook
+from bridge_freeze_plugin.prewrap._classify import Classifier, named_parameters
+from bridge_freeze_plugin.prewrap._context import BuildContext
 from bridge_freeze_plugin.request import Part
 
 __all__ = ["FreezeGuaranteeError", "Violation", "describe", "violations"]
@@ -121,7 +121,7 @@ def describe(found: Sequence[Violation], context: BuildContext, culprit: Any | N
         cause = " No pre-wrap hook changed it after the plugin's freeze."
         hint = " Please report this as a bridge-freeze-plugin bug."
     else:
-        from bridge_freeze_plugin.prewrap.adapters import hook_name
+        from bridge_freeze_plugin.prewrap._adapters import hook_name
 
         cause = f" The trainable set first departed from the selection after pre-wrap hook {hook_name(culprit)}."
         hint = (

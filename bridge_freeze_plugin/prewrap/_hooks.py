@@ -13,20 +13,24 @@ and DDP. The plugin gives it a :class:`HookChain` holding the hooks Bridge would
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from bridge_freeze_plugin.errors import EmptyPartError, PartNotInFamilyError
-from bridge_freeze_plugin.prewrap import guarantee, recompute_fix
-from bridge_freeze_plugin.prewrap.adapters import hook_name
-from bridge_freeze_plugin.prewrap.classify import Classifier, as_chunks
-from bridge_freeze_plugin.prewrap.collective import run_agreed
-from bridge_freeze_plugin.prewrap.context import BuildContext
-from bridge_freeze_plugin.prewrap.freeze import claim_report, count_parts, freeze_chunks
-from bridge_freeze_plugin.prewrap.lora import after_peft, find_peft
-from bridge_freeze_plugin.prewrap.model_wide import model_wide_report, store_report
-from bridge_freeze_plugin.report import FreezeReport, log_report
+from bridge_freeze_plugin.prewrap import _guarantee as guarantee
+from bridge_freeze_plugin.prewrap import _model_wide
+from bridge_freeze_plugin.prewrap import _recompute_fix as recompute_fix
+from bridge_freeze_plugin.prewrap._adapters import hook_name
+from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks
+from bridge_freeze_plugin.prewrap._collective import run_agreed
+from bridge_freeze_plugin.prewrap._context import BuildContext
+from bridge_freeze_plugin.prewrap._freeze import claim_report, count_parts, freeze_chunks
+from bridge_freeze_plugin.prewrap._lora import after_peft, find_peft
+from bridge_freeze_plugin.prewrap._model_wide import model_wide_report, store_report
+from bridge_freeze_plugin.prewrap._report import FreezeReport, log_report
 from bridge_freeze_plugin.request import INFO, check_lora_targets, label
 
 Hook = Callable[[list[Any]], Any]
@@ -46,6 +50,22 @@ def user_hooks(provider: Any, explicit: Any = None) -> list[Hook]:
 
 def _is_own_hook(hook: Any, provider: Any) -> bool:
     return getattr(hook, "__self__", None) is provider and getattr(hook, "__name__", "") == OWN_HOOK_METHOD
+
+
+@contextlib.contextmanager
+def model_wide_checks_skipped() -> Iterator[None]:
+    """The two model-wide verdicts skipped while inside: every selected part has parameters somewhere
+    (:func:`check_parts_present`) and every pattern matches somewhere (``check_matched`` in :mod:`._model_wide`).
+    For a build of one rank of many whose counts no all-reduce brings (``bridge-freeze plan``'s per-rank builds,
+    after the whole-model build gave both verdicts); every per-rank check stays."""
+    module = sys.modules[__name__]
+    saved = module.check_parts_present, _model_wide.check_matched
+    module.check_parts_present = lambda *_args, **_kwargs: None  # type: ignore[attr-defined]
+    _model_wide.check_matched = lambda *_args, **_kwargs: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        module.check_parts_present, _model_wide.check_matched = saved  # type: ignore[attr-defined]
 
 
 def check_parts_present(report: FreezeReport, context: BuildContext) -> None:

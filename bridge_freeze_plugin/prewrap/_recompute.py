@@ -3,7 +3,7 @@
 On a family whose table sets ``no_full_recompute`` (measured: the Qwen3-VL family, Ernie-4.5-VL), full
 activation recompute gives wrong gradients to the parts in ``full_recompute_affects``; the table says why
 (``FamilySpec.recompute_note``). When such a part trains under full recompute, the provider build turns
-recompute off in those modules (:mod:`bridge_freeze_plugin.prewrap.recompute_fix`). Config validation says
+recompute off in those modules (:mod:`bridge_freeze_plugin.prewrap._recompute_fix`). Config validation says
 so before any model is built, as a warning on rank 0: an adjustment with a memory cost, never a refusal.
 No family knowledge lives here. Imports nothing heavy.
 """
