@@ -39,6 +39,7 @@ from bridge_freeze_plugin.errors import (
     UnsupportedFreezeFlagError,
     Violation,
 )
+from bridge_freeze_plugin.export import export_trainable_hf_weights
 from bridge_freeze_plugin.families import (
     REGISTRY,
     FamilySpec,
@@ -50,7 +51,6 @@ from bridge_freeze_plugin.families import (
 from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
 from bridge_freeze_plugin.prewrap import FreezeReport, PartCount, apply_selection, last_report, trainable_state_dict
 from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Part, PartInfo
-from bridge_freeze_plugin.sync import export_trainable_hf_weights
 
 # Config validation needs OmegaConf: loaded on first use, so importing the plugin stays light.
 _LAZY = {

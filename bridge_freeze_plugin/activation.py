@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
-from bridge_freeze_plugin.exports import AUTO_BRIDGE, GUARDS
+from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import setup_check
@@ -292,7 +292,7 @@ def _declare_plugin_fields(cls: type) -> None:
 
 
 def _guard_adapter_exports(module: ModuleType) -> None:
-    """Bridge's adapter-only exports refuse a run with full-rank parts (:mod:`bridge_freeze_plugin.exports`)."""
+    """Bridge's adapter-only exports refuse a run with full-rank parts (:mod:`bridge_freeze_plugin.export`)."""
     cls = getattr(module, AUTO_BRIDGE[1], None)
     if cls is None or not STATE.active:
         return

@@ -14,7 +14,7 @@ data.
    with the sync's dtype recorded on each task (``weight_dtype``). Routed experts that the CPU build holds as
    ``SequentialMLP`` and Bridge maps only under their grouped-GEMM names get their task under that name
    (:func:`_sequential_expert_tasks`).
-3. :func:`bridge_freeze_plugin.sync.trainable_conversion_tasks` keeps the tasks whose HF tensors can change:
+3. :func:`bridge_freeze_plugin.export.trainable_conversion_tasks` keeps the tasks whose HF tensors can change:
    parameters with ``requires_grad``, LoRA-wrapped bases whose adapters train (merged by the export), a MoE
    router's expert bias that megatron-core updates, each with every task it shares an HF tensor with.
 4. Bridge's ``export_hf_weights`` runs twice on the meta model: once over the kept tasks, once over the others
@@ -169,7 +169,7 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
     """
     from megatron.bridge.models.conversion.utils import unwrap_model
 
-    from bridge_freeze_plugin.sync import trainable_conversion_tasks
+    from bridge_freeze_plugin.export import trainable_conversion_tasks
 
     started = time.perf_counter()
     weight_dtype = torch_dtype(dtype)

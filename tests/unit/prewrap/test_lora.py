@@ -285,7 +285,7 @@ def test_adapter_only_export_of_a_checkpoint_with_full_rank_parts_refuses(cpu_br
 def test_adapter_exports_of_adapter_only_runs_are_left_to_bridge(cpu_bridge, tmp_path):
     import yaml
 
-    from bridge_freeze_plugin.exports import full_rank_parts_of_checkpoint, full_rank_parts_of_model
+    from bridge_freeze_plugin.export import full_rank_parts_of_checkpoint, full_rank_parts_of_model
 
     _, chunks = build_qwen3(FreezeSelection(True, True, True), lora(["linear_qkv"]))
     assert full_rank_parts_of_model(chunks) == []

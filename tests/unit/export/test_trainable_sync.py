@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 if __name__ == "__main__":  # the EP2 worker: the repository on the path before the harness imports
     sys.path.insert(0, str(ROOT))
 
@@ -192,7 +192,7 @@ def test_qwen3_vl_projection_only_sends_the_mergers(checkpoints):
     assert [n for n, _ in first] == [n for n, _ in run["full"]]
     assert all(a.equal(b) for (_, a), (_, b) in zip(first, run["full"], strict=True))
     # Tasks decided once and handed to Bridge's export (a fixed selection): the same stream.
-    from bridge_freeze_plugin.sync import trainable_conversion_tasks
+    from bridge_freeze_plugin.export._sync import trainable_conversion_tasks
 
     tasks = trainable_conversion_tasks(run["bridge"], run["chunks"])
     again = list(run["bridge"].export_hf_weights(run["chunks"], cpu=True, show_progress=False, conversion_tasks=tasks))
@@ -297,7 +297,7 @@ def test_an_fp8_export_and_conflicting_arguments_are_refused(checkpoints):
     from megatron.bridge import AutoBridge
 
     from bridge_freeze_plugin import export_trainable_hf_weights
-    from bridge_freeze_plugin.sync import TrainableSyncError
+    from bridge_freeze_plugin.export._sync import TrainableSyncError
 
     bridge = AutoBridge.from_hf_pretrained(str(checkpoints("qwen3_vl")))
     bridge.export_weight_dtype = "fp8"

@@ -17,7 +17,12 @@ from _shared import VLM_FLAGS
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
-from bridge_freeze_plugin.exports import GUARDS, _guarded, full_rank_parts_of_checkpoint, full_rank_parts_of_model
+from bridge_freeze_plugin.export._adapters import (
+    GUARDS,
+    _guarded,
+    full_rank_parts_of_checkpoint,
+    full_rank_parts_of_model,
+)
 
 AUTO_BRIDGE_METHODS = sorted(GUARDS)
 

@@ -1,0 +1,24 @@
+"""Export: what leaves the trainer, with the selection honoured.
+
+- :mod:`._sync`: the RL weight sync of only what trains (:func:`export_trainable_hf_weights`, Bridge's HF export
+  limited to the HF tensors that can have changed);
+- :mod:`._adapters`: Bridge's adapter-only exports refused for a LoRA run with full-rank parts (:data:`GUARDS`,
+  installed by activation), which would silently drop the full-rank weights.
+"""
+
+from bridge_freeze_plugin.export._adapters import (
+    AUTO_BRIDGE,
+    GUARDS,
+    full_rank_parts_of_checkpoint,
+    full_rank_parts_of_model,
+)
+from bridge_freeze_plugin.export._sync import export_trainable_hf_weights, trainable_conversion_tasks
+
+__all__ = [
+    "AUTO_BRIDGE",
+    "GUARDS",
+    "export_trainable_hf_weights",
+    "full_rank_parts_of_checkpoint",
+    "full_rank_parts_of_model",
+    "trainable_conversion_tasks",
+]
