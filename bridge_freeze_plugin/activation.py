@@ -35,7 +35,7 @@ from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.mixins import generated
-from bridge_freeze_plugin.optim import setup_check
+from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
 from bridge_freeze_plugin.prewrap import (
     MISSING,
     STATE,
@@ -76,7 +76,7 @@ def activate() -> None:
         _watch(spec)
     POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
     POST_IMPORT.watch(_GET_MODEL[0], _route_get_model)
-    for module in setup_check.MODULES:
+    for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
         _guard_uncovered_providers(sys.modules[_BRIDGE])
@@ -321,18 +321,18 @@ def _route_get_model(module: ModuleType) -> None:
 
 
 def _check_part_learning_rates(module: ModuleType) -> None:
-    """Bridge's ``setup_optimizer`` verifies per-part learning rates (:mod:`bridge_freeze_plugin.optim.setup_check`)."""
-    original = module.__dict__.get(setup_check.NAME)
+    """Bridge's ``setup_optimizer`` verifies per-part learning rates (``optim._setup_check``)."""
+    original = module.__dict__.get(SETUP_OPTIMIZER)
     if not STATE.active or not callable(original):
         return
     with STATE.lock:
         if hasattr(original, "__bridge_freeze_wrapped__"):
             # imported by name from a module already wrapped (setup.py takes it from optim.py): deactivate must
             # give this module Bridge's own function back too
-            STATE.guarded.setdefault(module, {})[setup_check.NAME] = original.__bridge_freeze_wrapped__  # type: ignore[index]
+            STATE.guarded.setdefault(module, {})[SETUP_OPTIMIZER] = original.__bridge_freeze_wrapped__  # type: ignore[index]
             return
-        STATE.guarded.setdefault(module, {})[setup_check.NAME] = original  # type: ignore[index]
-        setattr(module, setup_check.NAME, setup_check.checked(original))
+        STATE.guarded.setdefault(module, {})[SETUP_OPTIMIZER] = original  # type: ignore[index]
+        setattr(module, SETUP_OPTIMIZER, checked_setup_optimizer(original))
 
 
 def _guard_class(klass: type) -> None:

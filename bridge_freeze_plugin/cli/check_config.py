@@ -21,7 +21,7 @@ from bridge_freeze_plugin import rules
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
 from bridge_freeze_plugin.config.layouts import LAYOUTS
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
-from bridge_freeze_plugin.optim.settings import LR_KEYS
+from bridge_freeze_plugin.optim import LR_KEYS
 from bridge_freeze_plugin.request import FLAGS, INFO, PATTERN_KEYS, FreezeSelection, Part
 
 _OPERATIONS = {"set": "sets", "add": "adds", "force": "adds or sets", "delete": "deletes"}

@@ -25,7 +25,7 @@ from bridge_freeze_plugin.errors import (
     PartLearningRateError,
 )
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.optim.settings import LR_KEYS, looks_like_lr_key, read_part_learning_rates
+from bridge_freeze_plugin.optim import LR_KEYS, looks_like_lr_key, read_part_learning_rates
 from bridge_freeze_plugin.request import ALIASES, FLAGS, PATTERN_KEYS, FreezeSelection, Part
 
 #: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.

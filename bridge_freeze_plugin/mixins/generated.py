@@ -104,7 +104,7 @@ def __getattr__(name: str) -> Any:
 
 #: The plugin's classes a Bridge ``run_config.yaml`` may name as ``_target_``: these freezable subclasses, and
 #: the per-part learning-rate provider (``optimizer_config_override_provider``).
-ALLOWED_TARGET_PREFIXES = (__name__ + ".", "bridge_freeze_plugin.optim.bridge.")
+ALLOWED_TARGET_PREFIXES = (__name__ + ".", "bridge_freeze_plugin.optim._bridge.")
 
 
 def _allow_in_bridge_targets(module: Any) -> None:

@@ -26,7 +26,7 @@ from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError, Unsu
 from bridge_freeze_plugin.cli import main
 from bridge_freeze_plugin.config import choose_layout, load, with_layout
 from bridge_freeze_plugin.errors import BridgeFreezeError, ConfigLoadError, PartLearningRateError
-from bridge_freeze_plugin.optim.settings import LR_KEYS, PartLearningRates, read_part_learning_rates
+from bridge_freeze_plugin.optim import LR_KEYS, PartLearningRates, read_part_learning_rates
 from bridge_freeze_plugin.validation import load_run, validate_bridge_config, validate_sft_config
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
@@ -176,7 +176,7 @@ def test_unknown_lr_keys_are_refused_everywhere_they_are_read(key, where):
         elif where == "PartLearningRates.of":
             PartLearningRates.of(**{key: 1e-3})
         elif where == "optimizer_config_override_provider":
-            load_run(BRIDGE_FILE, [f"{where}._target_=bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
+            load_run(BRIDGE_FILE, [f"{where}._target_=bridge_freeze_plugin.optim._bridge.PartLROverrideProvider",
                                    f"+{where}.{key}=0.001"])
         else:
             load_run(None, ["trainer.strategy=megatron" if where == POLICY else "strategy=megatron",
@@ -303,7 +303,7 @@ def test_check_config_never_says_a_part_trains_whole_when_a_pattern_decides(caps
      "lr_language_model", "megatron_config"),
     (["trainer.strategy=megatron", f"{POLICY}.lr_vision_model=1e-5"], "lr_vision_model", POLICY),
     ([BRIDGE_FILE, "+optimizer_config_override_provider={_target_: "
-      "bridge_freeze_plugin.optim.bridge.PartLROverrideProvider, lr_vision_projection: 0.002}"],
+      "bridge_freeze_plugin.optim._bridge.PartLROverrideProvider, lr_vision_projection: 0.002}"],
      "lr_vision_projection", "optimizer_config_override_provider"),
 ])
 def test_check_config_lists_every_per_part_lr_with_its_source(capsys, args, key, section):
@@ -595,7 +595,7 @@ _SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 10**12), st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["megatron", "fsdp", "full", "selective", "${oc.env:BRIDGE_FREEZE_UNSET_VAR}", "${model}",
                      "${nowhere}", "???", ".*", "(", "a{4294967296}", QWEN3, "evil_provider.Provider",
-                     "bridge_freeze_plugin.optim.bridge.PartLROverrideProvider", "linear_qkv",
+                     "bridge_freeze_plugin.optim._bridge.PartLROverrideProvider", "linear_qkv",
                      "vision_model.*linear_qkv"]),
     st.text(max_size=8),
 )

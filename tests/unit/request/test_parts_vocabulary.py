@@ -17,7 +17,7 @@ import pytest
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_plugin import FreezeSelection, PartNotInFamilyError
-from bridge_freeze_plugin.optim.settings import LR_KEYS
+from bridge_freeze_plugin.optim import LR_KEYS
 
 PACKAGE = Path(bfp.__file__).resolve().parent
 
@@ -108,7 +108,7 @@ SIXTH_PART = textwrap.dedent('''
     import torch
     import bridge_freeze_plugin as bfp
     from bridge_freeze_plugin.cli import main
-    from bridge_freeze_plugin.optim.settings import LR_KEYS
+    from bridge_freeze_plugin.optim import LR_KEYS
     from bridge_freeze_plugin.validation import read_selection
 
     family = bfp.FamilySpec(name="toy_speech", providers=("toy.module:ToyProvider",),

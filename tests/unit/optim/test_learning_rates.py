@@ -416,7 +416,7 @@ def test_megatrons_own_schedule_settings_are_never_unknown_per_part_keys(cpu_bri
 
     from megatron.bridge.training.config import OptimizerConfig, SchedulerConfig
 
-    from bridge_freeze_plugin.optim.settings import MEGATRON_LR_SETTINGS, looks_like_lr_key
+    from bridge_freeze_plugin.optim._settings import MEGATRON_LR_SETTINGS, looks_like_lr_key
 
     fields = {f.name for c in (OptimizerConfig, SchedulerConfig) for f in dataclasses.fields(c)}
     shaped = {name for name in fields if name in MEGATRON_LR_SETTINGS or looks_like_lr_key(name)}

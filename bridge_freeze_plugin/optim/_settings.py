@@ -123,7 +123,7 @@ _FILLER = frozenset({"lr", "min", "learning", "rate", "max", "peak"})
 
 #: The global schedule's own names: not per-part keys, never refused as unknown ones. Every field of Bridge 0.6.2's
 #: ``OptimizerConfig`` / ``SchedulerConfig`` shaped like a learning rate (a trainer's ``megatron_config`` passes them
-#: on: ``lr_decay_style``...); ``tests/unit/test_learning_rates.py`` checks the list against Bridge's dataclasses.
+#: on: ``lr_decay_style``...); ``tests/unit/optim/test_learning_rates.py`` checks the list against Bridge's dataclasses.
 MEGATRON_LR_SETTINGS = frozenset({
     "lr", "min_lr", "decoupled_lr", "decoupled_min_lr", "lr_decay_iters", "lr_decay_samples", "lr_decay_steps",
     "lr_decay_style", "lr_warmup_fraction", "lr_warmup_init", "lr_warmup_iters", "lr_warmup_samples",

@@ -14,8 +14,8 @@ import inspect
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from bridge_freeze_plugin.optim.overrides import part_lr_overrides
-from bridge_freeze_plugin.optim.settings import LR_KEYS, PartLearningRates
+from bridge_freeze_plugin.optim._overrides import part_lr_overrides
+from bridge_freeze_plugin.optim._settings import LR_KEYS, PartLearningRates
 
 if TYPE_CHECKING:
     from megatron.core.optimizer.optimizer_config import ParamKey

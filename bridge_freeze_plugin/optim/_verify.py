@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
-from bridge_freeze_plugin.optim.overrides import adapter_ids, check_schedule, expected_lrs, parameters
-from bridge_freeze_plugin.optim.settings import PartLearningRates
+from bridge_freeze_plugin.optim._overrides import adapter_ids, check_schedule, expected_lrs, parameters
+from bridge_freeze_plugin.optim._settings import PartLearningRates
 
 if TYPE_CHECKING:
     from megatron.core.optimizer import OptimizerConfig
