@@ -7,7 +7,7 @@ selection before the DDP wrap. Importing this package imports neither torch nor 
 The flow, module by module: :mod:`~bridge_freeze_plugin.request._selection` (what is asked) ->
 :mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.families._registry` +
 :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.prewrap._provider` +
-:mod:`~bridge_freeze_plugin.mixins` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
+:mod:`~bridge_freeze_plugin.activation` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
 :mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.prewrap._report`.
 """
 
@@ -15,7 +15,14 @@ import importlib
 from typing import Any
 
 from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
-from bridge_freeze_plugin.activation import activate, deactivate, is_active
+from bridge_freeze_plugin.activation import (
+    FreezableVLMProvider,
+    activate,
+    deactivate,
+    freezable_class,
+    is_active,
+    make_freezable,
+)
 from bridge_freeze_plugin.errors import (
     AdapterExportError,
     BridgeFreezeError,
@@ -48,7 +55,6 @@ from bridge_freeze_plugin.families import (
     list_families,
     register_family,
 )
-from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
 from bridge_freeze_plugin.prewrap import FreezeReport, PartCount, apply_selection, last_report, trainable_state_dict
 from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Part, PartInfo
 

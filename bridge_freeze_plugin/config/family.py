@@ -77,25 +77,25 @@ PROVIDER_FLAG_DEFAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
 #: Anything else is compared by name against the registry, never imported: a config must not run code.
 _IMPORTABLE = "megatron.bridge."
 #: The plugin's generated freezable subclasses (``make_freezable``): their name encodes the provider class.
-_GENERATED = "bridge_freeze_plugin.mixins.generated."
+_GENERATED = "bridge_freeze_plugin.activation.freezable."
 
 
 def _decoded(target: str) -> str | None:
     """The provider class path (``module:QualName``) a generated freezable subclass name encodes, if it is one."""
     if not target.startswith(_GENERATED):
         return None
-    from bridge_freeze_plugin.mixins.generated import _PREFIX, _decode
+    from bridge_freeze_plugin.activation import GENERATED_CLASS_PREFIX, decode_class_path
 
     name = target[len(_GENERATED):]
     _, sep, token = name.rpartition("_x")
-    return _decode(token) if name.startswith(_PREFIX) and sep else None
+    return decode_class_path(token) if name.startswith(GENERATED_CLASS_PREFIX) and sep else None
 
 
 def family_from_target(target: str) -> FamilySpec | None:
     """The family of a provider class path as Bridge writes it (``pkg.module.ClassName``), without importing it.
 
     Names are compared with the registry's provider classes; a generated freezable subclass
-    (``bridge_freeze_plugin.mixins.generated.Freezable...``) is read as the provider class its name encodes.
+    (``bridge_freeze_plugin.activation.freezable.Freezable...``) is read as the provider class its name encodes.
     """
     decoded = _decoded(target)
     if decoded is not None:

@@ -350,7 +350,7 @@ BRIDGE = Layout(
     # Bridge applies per-part learning rates through the optimizer override provider, never from the provider
     # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
     learning_rates="optimizer_config_override_provider",
-    learning_rates_targets=("bridge_freeze_plugin.optim._bridge.PartLROverrideProvider",
+    learning_rates_targets=("bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
                             "bridge_freeze_plugin.optim.PartLROverrideProvider"),
 )
 

@@ -2,7 +2,8 @@
 
 - :mod:`._settings`: the config keys, read and checked (no torch): :func:`read_part_learning_rates`;
 - :mod:`._overrides`: megatron-core parameter-group overrides, checked before the build: :func:`part_lr_overrides`;
-- :mod:`._bridge`: the same for Bridge's ``setup()``: :class:`PartLROverrideProvider`;
+- :mod:`.bridge`: the same for Bridge's ``setup()``: :class:`PartLROverrideProvider` (a public module name: Bridge
+  writes the class's path into ``run_config.yaml`` as ``_target_`` and refuses a path with a private segment);
 - :mod:`._verify`: after the build, each part's LR is what was asked: :func:`verify_part_learning_rates`;
 - :mod:`._setup_check`: Bridge's ``setup_optimizer`` runs that check (wrapped by activation).
 
@@ -30,7 +31,7 @@ from bridge_freeze_plugin.optim._setup_check import checked as checked_setup_opt
 
 _LAZY = {
     "part_lr_overrides": "bridge_freeze_plugin.optim._overrides",
-    "PartLROverrideProvider": "bridge_freeze_plugin.optim._bridge",
+    "PartLROverrideProvider": "bridge_freeze_plugin.optim.bridge",
     "verify_part_learning_rates": "bridge_freeze_plugin.optim._verify",
 }
 

@@ -1,7 +1,7 @@
 """Per-part learning rates as megatron-core parameter-group overrides, checked before the optimizer is built.
 
 :func:`part_lr_overrides` is the one call a direct ``get_megatron_optimizer`` caller (an RL trainer) makes;
-Bridge's ``setup()`` reaches it through :class:`~bridge_freeze_plugin.optim._bridge.PartLROverrideProvider`.
+Bridge's ``setup()`` reaches it through :class:`~bridge_freeze_plugin.optim.bridge.PartLROverrideProvider`.
 It returns megatron-core's standard overrides (no weight decay on biases and 1-D tensors, ``decoupled_lr``)
 plus one per part, matched on the part attribute the freeze sets on each parameter (names change under
 wrappers, identity and attributes do not). LoRA's adapters carry no part: they are the trainable parameters

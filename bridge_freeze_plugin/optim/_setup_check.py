@@ -3,7 +3,7 @@
 Bridge 0.6.2 has no hook between building the optimizer and training. While the plugin is active, Bridge's
 ``setup_optimizer`` (``megatron.bridge.training.optim``, and the name ``megatron.bridge.training.setup``
 imported) runs as before and then, when the optimizer-override provider is a
-:class:`~bridge_freeze_plugin.optim._bridge.PartLROverrideProvider`, :func:`verify_part_learning_rates` on
+:class:`~bridge_freeze_plugin.optim.bridge.PartLROverrideProvider`, :func:`verify_part_learning_rates` on
 what it built: a per-part learning rate the optimizer did not apply is an error before the first step.
 """
 
@@ -30,8 +30,8 @@ def checked(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def setup_optimizer(*args: Any, **kwargs: Any) -> Any:
-        from bridge_freeze_plugin.optim._bridge import PartLROverrideProvider
         from bridge_freeze_plugin.optim._verify import verify_part_learning_rates
+        from bridge_freeze_plugin.optim.bridge import PartLROverrideProvider
 
         result = original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)

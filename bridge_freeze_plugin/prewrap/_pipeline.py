@@ -1,6 +1,6 @@
 """``provide()`` and ``provide_distributed_model()`` with the selection applied: the build pipeline.
 
-Shared by the mixin (:class:`~bridge_freeze_plugin.mixins.FreezableVLMProvider`) and the in-place class
+Shared by the mixin (:class:`~bridge_freeze_plugin.activation.FreezableVLMProvider`) and the in-place class
 patches of :mod:`~bridge_freeze_plugin.activation`. Each takes the provider and Bridge's own method.
 
 The state of a build (which provider is being built, its :class:`~.context.BuildContext`, whether inside

@@ -125,7 +125,7 @@ class PluginState:
     original_defaults: dict[tuple[type, str], bool] = field(default_factory=dict)
     #: provider class -> its generated freezable subclass (:func:`~bridge_freeze_plugin.make_freezable`)
     generated: dict[type, type] = field(default_factory=dict)
-    #: class -> what :func:`~bridge_freeze_plugin.provider_fields.add_fields` added (patterns, policy fields)
+    #: class -> what ``activation._provider_fields.add_fields`` added (patterns, policy fields)
     fields_added: dict[type, dict[str, Any]] = field(default_factory=dict)
     #: provider classes no family covers whose own freeze was let run (said once per class)
     left_to_bridge: set[type] = field(default_factory=set)

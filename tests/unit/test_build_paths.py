@@ -183,7 +183,7 @@ def test_plugin_collectives_put_their_tensors_where_the_backend_takes_them(monke
 def test_deactivate_takes_the_plugins_targets_off_bridges_allowlist(cpu_bridge):
     from megatron.bridge.utils import instantiate_utils
 
-    target = "bridge_freeze_plugin.optim._bridge.PartLROverrideProvider"
+    target = "bridge_freeze_plugin.optim.bridge.PartLROverrideProvider"
     assert instantiate_utils.target_allowlist.is_allowed(target)
     bfp.deactivate()
     try:

@@ -176,7 +176,7 @@ def test_unknown_lr_keys_are_refused_everywhere_they_are_read(key, where):
         elif where == "PartLearningRates.of":
             PartLearningRates.of(**{key: 1e-3})
         elif where == "optimizer_config_override_provider":
-            load_run(BRIDGE_FILE, [f"{where}._target_=bridge_freeze_plugin.optim._bridge.PartLROverrideProvider",
+            load_run(BRIDGE_FILE, [f"{where}._target_=bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
                                    f"+{where}.{key}=0.001"])
         else:
             load_run(None, ["trainer.strategy=megatron" if where == POLICY else "strategy=megatron",
@@ -303,7 +303,7 @@ def test_check_config_never_says_a_part_trains_whole_when_a_pattern_decides(caps
      "lr_language_model", "megatron_config"),
     (["trainer.strategy=megatron", f"{POLICY}.lr_vision_model=1e-5"], "lr_vision_model", POLICY),
     ([BRIDGE_FILE, "+optimizer_config_override_provider={_target_: "
-      "bridge_freeze_plugin.optim._bridge.PartLROverrideProvider, lr_vision_projection: 0.002}"],
+      "bridge_freeze_plugin.optim.bridge.PartLROverrideProvider, lr_vision_projection: 0.002}"],
      "lr_vision_projection", "optimizer_config_override_provider"),
 ])
 def test_check_config_lists_every_per_part_lr_with_its_source(capsys, args, key, section):
@@ -446,9 +446,9 @@ def planted(tmp_path, monkeypatch):
 
 
 def _generated_name(path: str) -> str:
-    from bridge_freeze_plugin.mixins.generated import _encode
+    from bridge_freeze_plugin.activation import encode_class_path as _encode
 
-    return f"bridge_freeze_plugin.mixins.generated.FreezableProvider_x{_encode(path)}"
+    return f"bridge_freeze_plugin.activation.freezable.FreezableProvider_x{_encode(path)}"
 
 
 @pytest.mark.parametrize("target", [
@@ -470,15 +470,15 @@ def test_check_config_never_imports_a_target_outside_bridge(capsys, planted, tar
 
 
 def test_bridge_and_generated_targets_are_still_recognised_by_name():
+    from bridge_freeze_plugin.activation import generated_class_name as class_name
     from bridge_freeze_plugin.config.family import family_from_target
-    from bridge_freeze_plugin.mixins.generated import class_name
 
     class Qwen3VLModelProvider:  # named and placed as Bridge's class, to ask for its generated name only
         pass
 
     Qwen3VLModelProvider.__module__ = QWEN3.rpartition(".")[0]
     Qwen3VLModelProvider.__qualname__ = "Qwen3VLModelProvider"
-    generated = f"bridge_freeze_plugin.mixins.generated.{class_name(Qwen3VLModelProvider)}"
+    generated = f"bridge_freeze_plugin.activation.freezable.{class_name(Qwen3VLModelProvider)}"
     assert family_from_target(QWEN3).name == "qwen3_vl"
     assert family_from_target(generated).name == "qwen3_vl"
     cfg = {"model": {"_target_": generated, "freeze_vision_model": True}, "peft": None}
@@ -595,7 +595,7 @@ _SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 10**12), st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["megatron", "fsdp", "full", "selective", "${oc.env:BRIDGE_FREEZE_UNSET_VAR}", "${model}",
                      "${nowhere}", "???", ".*", "(", "a{4294967296}", QWEN3, "evil_provider.Provider",
-                     "bridge_freeze_plugin.optim._bridge.PartLROverrideProvider", "linear_qkv",
+                     "bridge_freeze_plugin.optim.bridge.PartLROverrideProvider", "linear_qkv",
                      "vision_model.*linear_qkv"]),
     st.text(max_size=8),
 )

@@ -71,7 +71,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_package_modules_are_found():
     names = {p.relative_to(PACKAGE).as_posix() for p in MODULES}
-    assert {"__init__.py", "activation.py", "families/_registry.py", "mixins/freezable.py",
+    assert {"__init__.py", "activation/_activate.py", "families/_registry.py", "activation/freezable.py",
             "prewrap/_pipeline.py"} <= names
 
 
@@ -137,8 +137,8 @@ def _resolve(module: str) -> Path | None:
 
 def _runtime_closure() -> dict[str, set[str]]:
     """Every plugin module the runtime reaches (all imports followed, function bodies included)."""
-    roots = [PACKAGE / "__init__.py", PACKAGE / "activation.py", PACKAGE / "validation.py",
-             *sorted((PACKAGE / "prewrap").glob("*.py")), *sorted((PACKAGE / "mixins").glob("*.py"))]
+    roots = [PACKAGE / "__init__.py", PACKAGE / "validation.py", *sorted((PACKAGE / "activation").glob("*.py")),
+             *sorted((PACKAGE / "prewrap").glob("*.py"))]
     seen: dict[str, set[str]] = {}
     stack = [p for p in roots if p.is_file()]
     while stack:

@@ -18,7 +18,7 @@ import pytest
 
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import TINY_FAMILIES, build_tiny_chunks, make_provider
-from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS
+from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS
 
 
 def _round_trip(provider):

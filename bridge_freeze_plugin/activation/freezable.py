@@ -1,8 +1,25 @@
-"""The freezable subclasses :func:`~bridge_freeze_plugin.make_freezable` gives existing providers.
+"""``FreezableVLMProvider``: the flags and the plugin's build on any Bridge VLM provider.
 
-Each lives in THIS module under a public name that encodes the provider class it extends
-(``FreezableQwen3VLModelProvider_<encoded import path>``), so pickle, ``copy``, multiprocessing and
-Bridge's ``run_config.yaml`` (``_target_: bridge_freeze_plugin.mixins.generated.Freezable...``) can look
+Put the mixin first among the bases of a Bridge provider dataclass::
+
+    @dataclass
+    class MyQwen(FreezableVLMProvider, Qwen3VLMoEModelProvider):
+        pass
+
+    provider = MyQwen(..., freeze_vision_model=True)   # everything but the vision encoder trains
+
+or turn an existing provider (e.g. from ``AutoBridge.to_megatron_provider()``) into one with
+:func:`make_freezable`, which also writes a selection to it. The build itself is
+:mod:`bridge_freeze_plugin.prewrap._pipeline`; this module only adapts a provider class to it.
+
+The mixin and the freezable subclasses were two modules (``mixins/freezable.py``, ``mixins/generated.py``) that
+imported each other; they are one here. The module's name is public (the package's other modules are private):
+Bridge writes a generated subclass's path into ``run_config.yaml`` and refuses a ``_target_`` with a private segment.
+
+The freezable subclasses :func:`make_freezable` gives existing providers live in THIS module, each under a
+public name that encodes the provider class it extends (``FreezableQwen3VLModelProvider_<encoded import path>``),
+so pickle, ``copy``, multiprocessing and
+Bridge's ``run_config.yaml`` (``_target_: bridge_freeze_plugin.activation.freezable.Freezable...``) can look
 it up; in a fresh process, the module's ``__getattr__`` decodes the name, imports the provider class
 and makes the subclass again.
 
@@ -20,7 +37,92 @@ import sys
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
-from bridge_freeze_plugin.prewrap import STATE
+from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.prewrap import (
+    PLUGIN_CLASS_MARK,
+    STATE,
+    BuildContext,
+    FreezeReport,
+    HookChain,
+    freeze_chunks,
+    preflight,
+    provide_distributed_frozen,
+    provide_frozen,
+    resolve_family,
+    with_flag_fields,
+    write_selection,
+)
+from bridge_freeze_plugin.request import FreezeSelection
+
+ModelChunks = list[Any]
+
+
+@dataclasses.dataclass
+@with_flag_fields
+class FreezableVLMProvider:
+    """Mixin for Bridge VLM providers: exactly the selected parts train, or a clear error.
+
+    One ``freeze_<part>`` field per part of the vocabulary (:mod:`bridge_freeze_plugin.request`), default ``False``.
+    """
+
+    #: patterns refining the flags per parameter (see ``FreezeSelection``): fields, so that a provider's
+    #: ``run_config.yaml`` keeps them
+    train_patterns: tuple[str, ...] = ()
+    freeze_patterns: tuple[str, ...] = ()
+    #: full recompute where it breaks gradients: "fix" (turned off there) or "refuse" (see prewrap.recompute_fix)
+    full_recompute_policy: str = "fix"
+    #: the former name of ``full_recompute_policy`` (still read; ``None``: unset)
+    vision_recompute_policy: str | None = None
+
+    @property
+    def freeze_selection(self) -> FreezeSelection:
+        return FreezeSelection.from_object(self)
+
+    def set_freeze_selection(self, selection: FreezeSelection) -> None:
+        write_selection(self, selection)
+
+    def freeze_family(self) -> FamilySpec | None:
+        """The registry family of this provider (raises if a flag is set and there is none)."""
+        return resolve_family(self)
+
+    def freeze_report(self, model: Any) -> FreezeReport | None:
+        """The report for ``model`` (chunks or one module); applies the selection first (idempotent)."""
+        context = BuildContext.of(self)
+        return None if context.family is None else freeze_chunks(model, context)[0]
+
+    def bridge_freeze_pre_wrap_hook(self, model: ModelChunks) -> ModelChunks:
+        """Apply the selection to every chunk and log the report once (usable as a pre-wrap hook)."""
+        return HookChain(self, preflight(self), [])(model)
+
+    def provide(
+        self, pre_process: bool | None = None, post_process: bool | None = None, vp_stage: int | None = None
+    ) -> Any:
+        return provide_frozen(self, super().provide, pre_process, post_process, vp_stage)  # type: ignore[misc]
+
+    def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return provide_distributed_frozen(self, super().provide_distributed_model, *args, **kwargs)  # type: ignore[misc]
+
+
+setattr(FreezableVLMProvider, PLUGIN_CLASS_MARK, True)
+
+
+def make_freezable(provider: Any, selection: FreezeSelection | None = None) -> Any:
+    """Make an existing provider freezable in place and write ``selection`` (default: train all).
+
+    The provider keeps its class's behaviour and ``isinstance`` relations; its class becomes the
+    freezable subclass (importable by name, so the provider pickles and survives Bridge's
+    ``run_config.yaml`` round trip). Raises :class:`UnsupportedFreezeFlagError` at once if ``selection``
+    sets a flag and the provider's family is not registered.
+    """
+    selection = FreezeSelection() if selection is None else selection
+    resolve_family(provider, selection)
+    if not isinstance(provider, FreezableVLMProvider):
+        provider.__class__ = freezable_class(type(provider))
+    write_selection(provider, selection)
+    return provider
+
+
+# ---- the generated subclasses ----
 
 #: Bridge's module that validates and instantiates ``_target_`` paths.
 _BRIDGE_INSTANTIATE = "megatron.bridge.utils.instantiate_utils"
@@ -56,9 +158,6 @@ def class_name(cls: type) -> str:
 
 def freezable_class(cls: type) -> type:
     """The (cached) dataclass ``FreezableVLMProvider`` subclass of a provider class."""
-    from bridge_freeze_plugin.mixins.freezable import FreezableVLMProvider
-    from bridge_freeze_plugin.prewrap import PLUGIN_CLASS_MARK
-
     if issubclass(cls, FreezableVLMProvider):
         return cls
     generated = STATE.generated.get(cls)
@@ -104,7 +203,7 @@ def __getattr__(name: str) -> Any:
 
 #: The plugin's classes a Bridge ``run_config.yaml`` may name as ``_target_``: these freezable subclasses, and
 #: the per-part learning-rate provider (``optimizer_config_override_provider``).
-ALLOWED_TARGET_PREFIXES = (__name__ + ".", "bridge_freeze_plugin.optim._bridge.")
+ALLOWED_TARGET_PREFIXES = (__name__ + ".", "bridge_freeze_plugin.optim.bridge.")
 
 
 def _allow_in_bridge_targets(module: Any) -> None:

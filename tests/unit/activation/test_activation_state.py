@@ -68,7 +68,7 @@ def test_a_subclass_defined_while_active_gets_bridges_defaults_back_after_deacti
 def test_reloading_the_activation_module_keeps_the_patch_record(cpu_bridge):
     from megatron.bridge.models.qwen_vl.qwen3_vl_provider import Qwen3VLMoEModelProvider
 
-    from bridge_freeze_plugin import activation
+    from bridge_freeze_plugin.activation import _activate as activation
 
     assert hasattr(Qwen3VLMoEModelProvider.provide, "__bridge_freeze_wrapped__")
     reloaded = importlib.reload(activation)

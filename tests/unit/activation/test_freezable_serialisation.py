@@ -70,7 +70,7 @@ def test_freezable_provider_survives_bridges_run_config_round_trip(cpu_bridge):
 
 
 def test_the_generated_module_only_extends_provider_classes():
-    from bridge_freeze_plugin.mixins import generated
+    from bridge_freeze_plugin.activation import freezable as generated
 
     forged = generated.class_name(subprocess.Popen)  # a class no family names, outside Bridge's allowlist
     with pytest.raises(AttributeError):

@@ -21,7 +21,7 @@ from bridge_freeze_plugin import (
     get_family,
     make_freezable,
 )
-from bridge_freeze_plugin.mixins import declared_default
+from bridge_freeze_plugin.prewrap import declared_default
 
 
 def test_projection_only_on_qwen3_vl_leaves_exactly_the_mergers(cpu_bridge):

@@ -24,7 +24,7 @@ from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 from bridge_freeze_plugin import FreezeGuaranteeError, FreezeSelection, make_freezable
 
 ADAPTER = re.compile(r"\.adapter\.linear_(in|out)\.weight$")
-TINY_QWEN3_VL_MOE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_hf_configs" / "qwen3_vl_moe.json"
+TINY_QWEN3_VL_MOE = Path(__file__).resolve().parents[2] / "fixtures" / "tiny_hf_configs" / "qwen3_vl_moe.json"
 
 # A fresh interpreter that never imports the plugin itself: the TE stub and the tiny builders come
 # from bridge_freeze_harness, which does not import bridge_freeze_plugin.
@@ -103,7 +103,7 @@ def test_wheel_ships_the_autoload_line(tmp_path):
     """What a user installs: the wheel puts the .pth and its start-up module at the top of site-packages."""
     import zipfile
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
          "--disable-pip-version-check", root],

@@ -32,9 +32,10 @@ from types import ModuleType
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
+from bridge_freeze_plugin.activation import freezable as generated
+from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
-from bridge_freeze_plugin.mixins import generated
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
 from bridge_freeze_plugin.prewrap import (
     MISSING,
@@ -48,7 +49,6 @@ from bridge_freeze_plugin.prewrap import (
     provide_frozen,
     resolve_family,
 )
-from bridge_freeze_plugin.provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import FLAGS, FreezeSelection
 
