@@ -27,9 +27,9 @@ def quiet() -> Iterator[None]:
 
 def accepted_selections(provider: Any) -> list[Any]:
     """The selections config validation accepts for this provider (no LoRA), in flag order."""
+    from bridge_freeze_plugin.config import validate_selection
     from bridge_freeze_plugin.errors import InvalidFreezeConfigError
     from bridge_freeze_plugin.request import FreezeSelection
-    from bridge_freeze_plugin.validation import validate_selection
 
     accepted = []
     for selection in FreezeSelection.all_selections():

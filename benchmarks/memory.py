@@ -75,8 +75,8 @@ _PROJECTION = ("vision_model.merger.", "vision_model.decoder.deepstack_merger_li
 
 def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_harness.train import make_provider, synthetic_batch
+    from bridge_freeze_plugin.config import LoraSettings, validate_selection
     from bridge_freeze_plugin.request import FreezeSelection
-    from bridge_freeze_plugin.validation import LoraSettings, validate_selection
 
     with quiet():
         provider = make_provider(FAMILY)

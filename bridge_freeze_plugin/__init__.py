@@ -5,7 +5,7 @@ registry of VLM families (module prefixes of each part), and a provider mixin th
 selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
 
 The flow, module by module: :mod:`~bridge_freeze_plugin.request._selection` (what is asked) ->
-:mod:`~bridge_freeze_plugin.validation` (config checks) -> :mod:`~bridge_freeze_plugin.families._registry` +
+:mod:`~bridge_freeze_plugin.config._validation` (config checks) -> :mod:`~bridge_freeze_plugin.families._registry` +
 :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.prewrap._provider` +
 :mod:`~bridge_freeze_plugin.activation` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
 :mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.prewrap._report`.
@@ -60,7 +60,7 @@ from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Par
 
 # Config validation needs OmegaConf: loaded on first use, so importing the plugin stays light.
 _LAZY = {
-    name: "bridge_freeze_plugin.validation"
+    name: "bridge_freeze_plugin.config"
     for name in (
         "LoraSettings",
         "load_config",

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_freeze_plugin import rules
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
-from bridge_freeze_plugin.config.layouts import LAYOUTS
+from bridge_freeze_plugin.config import LAYOUTS, lora_adapter_parts, vlm_lora_effect
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.optim import LR_KEYS
 from bridge_freeze_plugin.request import FLAGS, INFO, PATTERN_KEYS, FreezeSelection, Part
@@ -74,7 +73,7 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
 
 
 def _switch(cfg: Any, key: str) -> Any:
-    from bridge_freeze_plugin.config.reading import select
+    from bridge_freeze_plugin.config import select
 
     return select(cfg, key)
 
@@ -155,7 +154,7 @@ def _lora_doc(checked: Any, decided_by: str, switches: dict[str, bool] | None = 
     return {
         "class": s.lora_class or "megatron.bridge.peft.lora.LoRA", "rank": s.lora.rank,
         "target_modules": list(targets) if isinstance(targets, tuple) else targets,
-        "adapters": rules.lora_adapter_parts(s.lora, s.family), "decided_by": decided_by, "switches": switches,
+        "adapters": lora_adapter_parts(s.lora, s.family), "decided_by": decided_by, "switches": switches,
     }
 
 
@@ -173,7 +172,7 @@ def _vlm_lora_summary(checked: Any) -> Summary:
                              "vision_projection, language_model); the family is unknown, so which parts they freeze "
                              "cannot be said here (--family NAME)")
         return summary
-    effect = rules.vlm_lora_effect(s.family, switches)
+    effect = vlm_lora_effect(s.family, switches)
     trained = [p.value for p in s.family.part_names() if p not in effect.frozen | effect.partial]
     frozen = [p.value for p in s.family.part_names() if p in effect.frozen]
     per_tensor = {p.value: f"VLMLoRA freezes part of it ({', '.join(effect.modules)})" for p in effect.partial}
@@ -338,12 +337,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge_freeze_plugin import validation
+    from bridge_freeze_plugin.config import load_run
 
     file, overrides = _file_and_overrides(args.file, list(args.overrides))
     doc = _empty_doc(file, overrides)
     try:
-        checked = validation.load_run(file, overrides, layout=_layout_option(args), family=args.family)
+        checked = load_run(file, overrides, layout=_layout_option(args), family=args.family)
         doc = _doc(args, checked, file, overrides)
         if not args.json:
             _print_header(checked, file, overrides)

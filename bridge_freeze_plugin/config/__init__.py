@@ -1,18 +1,49 @@
-"""Reading training configs: YAML files and overrides (``yaml_overrides``), defaults lists (``compose``), the effective
-config (``source``), layouts as data (``layouts``), and reading the
-settings the rules need, each with where its value came from. The rules live in :mod:`bridge_freeze_plugin.rules`."""
+"""Configuration: reading a training config and checking the freeze rules on it, before anything is built.
 
-from bridge_freeze_plugin.config.family import family_from_model_path, family_from_target
-from bridge_freeze_plugin.config.layouts import BRIDGE, LAYOUTS, RL, SFT, Layout
-from bridge_freeze_plugin.config.reading import LoraSettings, RunSettings, Setting, read_selection, read_settings
-from bridge_freeze_plugin.config.source import LoadedConfig, choose_layout, load, load_config, with_layout
-from bridge_freeze_plugin.config.yaml_overrides import Override, Provenance, parse_override
+- :mod:`._yaml_overrides`: YAML files and ``key=value`` overrides, each value with where it came from;
+- :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
+- :mod:`._source`: the effective config and the layout it is read with;
+- :mod:`._layouts`: each trainer's layout as data (SFT, RL, Bridge, NeMo-RL);
+- :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source;
+- :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
+- :mod:`._rules`: the freeze rules over those settings;
+- :mod:`._validation`: the entry points (:func:`validate_config`, :func:`load_run`...).
+
+Importing this package imports OmegaConf (the plugin's top level imports it lazily, on first use).
+"""
+
+from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
+from bridge_freeze_plugin.config._layouts import BRIDGE, LAYOUTS, NEMO_RL, RL, SFT, Layout
+from bridge_freeze_plugin.config._reading import (
+    LoraSettings,
+    RunSettings,
+    Setting,
+    read_selection,
+    read_settings,
+    resolvers,
+    select,
+)
+from bridge_freeze_plugin.config._rules import MEGATRON, lora_adapter_parts, vlm_lora_effect
+from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
+from bridge_freeze_plugin.config._validation import (
+    ConfigRun,
+    load_run,
+    validate_bridge_config,
+    validate_config,
+    validate_rl_config,
+    validate_selection,
+    validate_sft_config,
+)
+from bridge_freeze_plugin.config._yaml_overrides import Override, Provenance, parse_override
 
 __all__ = [
     "BRIDGE",
     "LAYOUTS",
+    "MEGATRON",
+    "NEMO_RL",
     "RL",
     "SFT",
+    "ConfigRun",
     "Layout",
     "LoadedConfig",
     "LoraSettings",
@@ -22,11 +53,22 @@ __all__ = [
     "Setting",
     "choose_layout",
     "family_from_model_path",
+    "family_from_name",
     "family_from_target",
     "load",
     "load_config",
+    "load_run",
+    "lora_adapter_parts",
     "parse_override",
     "read_selection",
     "read_settings",
+    "resolvers",
+    "select",
+    "validate_bridge_config",
+    "validate_config",
+    "validate_rl_config",
+    "validate_selection",
+    "validate_sft_config",
+    "vlm_lora_effect",
     "with_layout",
 ]

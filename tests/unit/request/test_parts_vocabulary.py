@@ -83,7 +83,7 @@ def test_a_false_audio_flag_is_absent_from_a_vlm_report(cpu_bridge):
 
 
 def test_a_learning_rate_for_a_part_the_family_lacks_is_refused():
-    from bridge_freeze_plugin.validation import load_run
+    from bridge_freeze_plugin.config import load_run
 
     sft = Path(__file__).parents[2] / "fixtures" / "configs" / "sft" / "sft_defaults.yaml"
     with pytest.raises(PartNotInFamilyError) as err:
@@ -109,7 +109,7 @@ SIXTH_PART = textwrap.dedent('''
     import bridge_freeze_plugin as bfp
     from bridge_freeze_plugin.cli import main
     from bridge_freeze_plugin.optim import LR_KEYS
-    from bridge_freeze_plugin.validation import read_selection
+    from bridge_freeze_plugin.config import read_selection
 
     family = bfp.FamilySpec(name="toy_speech", providers=("toy.module:ToyProvider",),
                             language_model=("lm",), parts={"speech_decoder": ("talker",)})

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError
 from bridge_freeze_plugin.config import load, parse_override
+from bridge_freeze_plugin.config._validation import load_config, load_run, validate_sft_config
 from bridge_freeze_plugin.errors import ConfigLoadError
-from bridge_freeze_plugin.validation import load_config, load_run, validate_sft_config
 
 SFT = "strategy: megatron\nmegatron_config:\n  freeze_vision_model: true\n  seed: 1\n"
 

@@ -1,7 +1,7 @@
 """Config validation for SFT, RL and Bridge runs: every bad combination fails before a model is built.
 
 Each public function reads (:mod:`bridge_freeze_plugin.config`: YAML and overrides, layouts, reading), then checks
-(:mod:`bridge_freeze_plugin.rules`). The rules: a flag needs strategy ``megatron``; a language-model-only
+(:mod:`bridge_freeze_plugin.config._rules`). The rules: a flag needs strategy ``megatron``; a language-model-only
 run has no vision part; every part frozen needs LoRA; LoRA with a partial selection is refused; no flag
 under the reference model; a flag on a provider no family covers; full recompute on a family whose
 projection loses gradient under it; flags that are real booleans, and no unknown freeze key. See
@@ -17,11 +17,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from bridge_freeze_plugin import rules
-from bridge_freeze_plugin.config import layouts
-from bridge_freeze_plugin.config.family import family_from_model_path, family_from_name, family_from_target
-from bridge_freeze_plugin.config.layouts import Layout
-from bridge_freeze_plugin.config.reading import (
+from bridge_freeze_plugin.config import _layouts as layouts
+from bridge_freeze_plugin.config import _rules as rules
+from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
+from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._reading import (
     LoraSettings,
     RunSettings,
     Setting,
@@ -30,7 +30,7 @@ from bridge_freeze_plugin.config.reading import (
     select,
     with_provider_defaults,
 )
-from bridge_freeze_plugin.config.source import LoadedConfig, choose_layout, load, load_config, with_layout
+from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec
 from bridge_freeze_plugin.request import FreezeSelection
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
+from bridge_freeze_plugin.config._validation import load_config, load_run, validate_bridge_config
 from bridge_freeze_plugin.errors import ConfigLoadError
-from bridge_freeze_plugin.validation import load_config, load_run, validate_bridge_config
 
-CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
 SFT = CONFIGS / "sft" / "sft_defaults.yaml"
 RL = CONFIGS / "rl_dataclass" / "rl_defaults.yaml"
 RL_LEGACY = CONFIGS / "rl_legacy" / "ppo_base.yaml"

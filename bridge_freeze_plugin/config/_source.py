@@ -13,11 +13,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bridge_freeze_plugin.config import layouts
-from bridge_freeze_plugin.config.compose import compose
-from bridge_freeze_plugin.config.layouts import Layout
-from bridge_freeze_plugin.config.reading import IN_CONFIG, resolvers, unread_freeze_keys
-from bridge_freeze_plugin.config.yaml_overrides import (
+from bridge_freeze_plugin.config import _layouts as layouts
+from bridge_freeze_plugin.config._compose import compose
+from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._reading import IN_CONFIG, resolvers, unread_freeze_keys
+from bridge_freeze_plugin.config._yaml_overrides import (
     BLOCKED,
     FOUND,
     Override,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bridge_freeze_plugin.config.family import import_target, importable_target
-from bridge_freeze_plugin.config.reading import LoraSettings, RunSettings, join_problems
+from bridge_freeze_plugin.config._family import import_target, importable_target
+from bridge_freeze_plugin.config._reading import LoraSettings, RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
 from bridge_freeze_plugin.prewrap import full_recompute_adjustment, is_full, resolve_family

@@ -9,7 +9,7 @@ import pytest
 
 from bridge_freeze_plugin.cli import main
 
-CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
 SFT = CONFIGS / "sft" / "sft_defaults.yaml"
 RL = CONFIGS / "rl_dataclass" / "rl_defaults.yaml"
 RL_LEGACY = CONFIGS / "rl_legacy" / "ppo_base.yaml"

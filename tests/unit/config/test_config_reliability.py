@@ -25,11 +25,11 @@ from omegaconf import OmegaConf
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.cli import main
 from bridge_freeze_plugin.config import choose_layout, load, with_layout
+from bridge_freeze_plugin.config._validation import load_run, validate_bridge_config, validate_sft_config
 from bridge_freeze_plugin.errors import BridgeFreezeError, ConfigLoadError, PartLearningRateError
 from bridge_freeze_plugin.optim import LR_KEYS, PartLearningRates, read_part_learning_rates
-from bridge_freeze_plugin.validation import load_run, validate_bridge_config, validate_sft_config
 
-CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
 SFT_FILE = CONFIGS / "sft" / "sft_defaults.yaml"
 RL_FILE = CONFIGS / "rl_dataclass" / "rl_defaults.yaml"
 BRIDGE_FILE = CONFIGS / "bridge" / "run_config.yaml"
@@ -353,7 +353,7 @@ def test_check_config_json_is_printed_whatever_fails(capsys, tmp_path):
 
 
 def test_check_config_json_keys_are_exactly_the_documented_ones(capsys, tmp_path):
-    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "cli.md").read_text()
     table = text.split("### `check-config --json`", 1)[1].split("\n#", 1)[0]
     documented = set(re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE))
     assert len(documented) > 15
@@ -471,7 +471,7 @@ def test_check_config_never_imports_a_target_outside_bridge(capsys, planted, tar
 
 def test_bridge_and_generated_targets_are_still_recognised_by_name():
     from bridge_freeze_plugin.activation import generated_class_name as class_name
-    from bridge_freeze_plugin.config.family import family_from_target
+    from bridge_freeze_plugin.config._family import family_from_target
 
     class Qwen3VLModelProvider:  # named and placed as Bridge's class, to ask for its generated name only
         pass

@@ -506,7 +506,7 @@ def detect(top: Mapping[str, Any], what: str) -> tuple[Layout, str]:
     The strongest evidence wins: keys that decide a layout over hints. Two layouts with deciding keys (or, with
     none deciding, two with hints) are an error naming both. Evidence for another layout that lost is said in
     the reason, never silently ignored; a flag or learning rate written where the chosen layout does not read
-    it is refused when the settings are read (:func:`bridge_freeze_plugin.config.reading.read_settings`).
+    it is refused when the settings are read (:func:`bridge_freeze_plugin.config._reading.read_settings`).
     """
     found = evidence(top)
     names = ", ".join(LAYOUTS)

@@ -22,9 +22,9 @@ import yaml
 import bridge_freeze_plugin as bfp
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError
 from bridge_freeze_plugin.cli import main
-from bridge_freeze_plugin.validation import load_run
+from bridge_freeze_plugin.config._validation import load_run
 
-CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+CONFIGS = Path(__file__).parents[2] / "fixtures" / "configs"
 SFT_FILE = CONFIGS / "sft" / "sft_defaults.yaml"
 RL_FILE = CONFIGS / "rl_dataclass" / "rl_defaults.yaml"
 BRIDGE_FILE = CONFIGS / "bridge" / "run_config.yaml"
@@ -428,8 +428,8 @@ def test_each_config_composes_as_nemo_rls_own_loader_composes_it(name):
     from omegaconf import OmegaConf
 
     from bridge_freeze_plugin.config import load
-    from bridge_freeze_plugin.config.layouts import NEMO_RL
-    from bridge_freeze_plugin.config.reading import resolvers
+    from bridge_freeze_plugin.config._layouts import NEMO_RL
+    from bridge_freeze_plugin.config._reading import resolvers
 
     loaded = load(nemo_rl(name))
     with resolvers(NEMO_RL):
@@ -558,7 +558,7 @@ def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
     """NeMo-RL's DPO as one more table: detected from policy: + dpo:, no weight sync (the RL rule is a trait)."""
     from dataclasses import replace
 
-    from bridge_freeze_plugin.config import layouts
+    from bridge_freeze_plugin.config import _layouts as layouts
 
     dpo = replace(layouts.NEMO_RL, name="nemo_rl_dpo", title="NeMo-RL DPO",
                   decides=(layouts.Marker(("policy", "dpo")),), hints=(), syncs_weights_with=())

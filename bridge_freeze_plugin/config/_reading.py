@@ -1,7 +1,7 @@
 """A layout + a config -> :class:`RunSettings`: every value the rules read, and where it came from.
 
 Reading judges only the shape of a value (a flag that is not a real boolean, a key that looks like a
-misspelt flag: errors at once); what the values mean together is for :mod:`bridge_freeze_plugin.rules`.
+misspelt flag: errors at once); what the values mean together is for :mod:`bridge_freeze_plugin.config._rules`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.config.layouts import PLUGIN_KEYS, VLM_LORA_SWITCHES, Layout, OwnSetting, plugin_sections
-from bridge_freeze_plugin.config.yaml_overrides import brief
+from bridge_freeze_plugin.config._layouts import PLUGIN_KEYS, VLM_LORA_SWITCHES, Layout, OwnSetting, plugin_sections
+from bridge_freeze_plugin.config._yaml_overrides import brief
 from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,
     InvalidFreezeConfigError,
@@ -779,7 +779,7 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
     model and the vision encoder by default. Said per flag in :attr:`RunSettings.provider_defaults`."""
     if not layout.unwritten_flags_keep_provider_default:
         return s
-    from bridge_freeze_plugin.config.family import PROVIDER_FLAG_DEFAULTS
+    from bridge_freeze_plugin.config._family import PROVIDER_FLAG_DEFAULTS
 
     known = PROVIDER_FLAG_DEFAULTS.get(family.name) if family is not None else None
     on: dict[str, bool] = {}

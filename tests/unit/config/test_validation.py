@@ -21,9 +21,7 @@ from hypothesis import strategies as st
 from omegaconf import DictConfig
 
 from bridge_freeze_plugin import FreezeSelection, InvalidFreezeConfigError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.errors import BridgeFreezeError, FreezeFlagTypeError
-from bridge_freeze_plugin.families import REGISTRY
-from bridge_freeze_plugin.validation import (
+from bridge_freeze_plugin.config._validation import (
     LoraSettings,
     family_from_model_path,
     load_config,
@@ -33,6 +31,8 @@ from bridge_freeze_plugin.validation import (
     validate_selection,
     validate_sft_config,
 )
+from bridge_freeze_plugin.errors import BridgeFreezeError, FreezeFlagTypeError
+from bridge_freeze_plugin.families import REGISTRY
 
 ALL_THREE = dict.fromkeys(VLM_FLAGS, True)
 
