@@ -14,7 +14,7 @@ Layer implementations are megatron-core's local ones; numerics are not a GPU run
 Who imports it. It is never on the plugin's runtime path: activation, the provider mixin, the freeze, the
 guarantee, the report and config validation never import it, so a training job using the plugin loads none
 of this. Two commands do, lazily inside their functions, because they build models on the CPU / meta device:
-``bridge-freeze demo`` (:mod:`bridge_freeze_plugin.cli.demo`) and ``bridge-freeze plan``
+``bridge-freeze demo`` (:mod:`bridge_freeze_plugin.cli._demo`) and ``bridge-freeze plan``
 (:mod:`bridge_freeze_plugin.planning`); ``tests/unit/test_layout.py`` checks this. The test suite and the
 benchmarks use it too. Where the real TE loads, the stub does nothing. And the other way round: this package
 never imports ``bridge_freeze_plugin`` at module level, so a test can build a plain Bridge model (plugin not

@@ -1,11 +1,11 @@
 """The ``bridge-freeze`` command: one module per sub-command, assembled here.
 
-- ``families [--json]`` (:mod:`.families`): the registered families, their provider classes and part prefixes;
-- ``demo [MODEL] [--freeze-...] [--steps N]`` (:mod:`.demo`): train a tiny real Bridge model on the CPU with a
+- ``families [--json]`` (:mod:`._families`): the registered families, their provider classes and part prefixes;
+- ``demo [MODEL] [--freeze-...] [--steps N]`` (:mod:`._demo`): train a tiny real Bridge model on the CPU with a
   selection and check that exactly the selected parts changed;
-- ``plan MODEL [--freeze-...] (--tiny | --hf-config PATH) [--json]`` (:mod:`.plan`): parameters and training
+- ``plan MODEL [--freeze-...] (--tiny | --hf-config PATH) [--json]`` (:mod:`._plan`): parameters and training
   memory per part, from the real Bridge model built on the meta device;
-- ``check-config FILE [--rl] [key=value ...]`` (:mod:`.check_config`): validate a training config.
+- ``check-config FILE [--rl] [key=value ...]`` (:mod:`._check_config`): validate a training config.
 
 Errors are one readable line and a non-zero exit (a traceback only with ``--debug``). The ``--json``
 documents are described in ``docs/cli.md``.
@@ -19,11 +19,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from bridge_freeze_plugin.cli import check_config, demo, families, plan
+from bridge_freeze_plugin.cli import _check_config as check_config
+from bridge_freeze_plugin.cli import _demo as demo
+from bridge_freeze_plugin.cli import _families as families
+from bridge_freeze_plugin.cli import _plan as plan
 from bridge_freeze_plugin.cli._common import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, Parser, logging_flags, one_line
+from bridge_freeze_plugin.cli._training_options import make_lora, part_learning_rates
 from bridge_freeze_plugin.errors import BridgeFreezeError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "make_lora", "part_learning_rates"]
 
 _SUBCOMMANDS = (families, demo, plan, check_config)
 

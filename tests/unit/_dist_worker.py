@@ -1,7 +1,7 @@
 """One rank of a multi-process CPU run (gloo, loopback) for tests/unit/test_distributed.py and test_plan_per_rank.py.
 
 ``rank_main(rank, world, out_dir, scenarios_json, port)`` (and ``plan_main``, plan's side of
-tests/unit/test_plan_per_rank.py) runs in a process forked from the session's forkserver
+tests/unit/planning/test_plan_per_rank.py) runs in a process forked from the session's forkserver
 (``bridge_forkserver`` in tests/unit/conftest.py: Bridge imported once); ``python _dist_worker.py RANK WORLD_SIZE
 OUT_DIR SCENARIOS_JSON`` with MASTER_ADDR / MASTER_PORT set does the same in a process of its own.
 Runs the scenarios in order in one process group (the model-parallel state is rebuilt for each) and

@@ -28,7 +28,7 @@ def _norm_layers(model) -> tuple[set[int], set[int]]:
 @pytest.mark.parametrize("context", ["tiny", "full_size"])
 def test_every_decoder_layer_has_its_input_norm_and_the_dense_layer_its_mlp_norm(cpu_bridge, context):
     from bridge_freeze_harness.tiny import build_tiny_model, make_provider
-    from bridge_freeze_plugin.planning.meta_build import build_meta_model
+    from bridge_freeze_plugin.planning import build_meta_model
 
     provider = make_provider("ernie45_vl")
     if context == "tiny":

@@ -496,7 +496,7 @@ def test_lora_targets_people_write_are_accepted(target):
 def test_the_plan_lora_target_option_refuses_a_target_that_would_hang():
     import argparse
 
-    from bridge_freeze_plugin.cli.training_options import make_lora
+    from bridge_freeze_plugin.cli import make_lora
 
     args = argparse.Namespace(lora_rank=4, lora_target_modules=["linear_qkv", r"([a-z_]+\.?)+qkv"])
     with pytest.raises(InvalidPatternError, match="--lora-target-modules entry"):
@@ -510,7 +510,7 @@ def test_the_plan_lora_target_option_refuses_a_target_that_would_hang():
 def test_the_demo_lr_option_for_a_frozen_part_follows_the_train_patterns(train, refused):
     import argparse
 
-    from bridge_freeze_plugin.cli.training_options import part_learning_rates
+    from bridge_freeze_plugin.cli import part_learning_rates
     from bridge_freeze_plugin.errors import CommandError
 
     selection = FreezeSelection(freeze_vision_model=True, train_patterns=train)

@@ -1,13 +1,13 @@
 """What one GPU holds under a parallel layout: a real build of each distinct rank, on the meta device.
 
-For a :class:`~bridge_freeze_plugin.planning.layout.Layout` with model parallelism, each pipeline stage (and,
+For a :class:`~bridge_freeze_plugin.planning._layout.Layout` with model parallelism, each pipeline stage (and,
 when a train pattern or LoRA may tell experts apart, each expert-parallel rank of it) is built the way a
 training job builds it: this process joins a ``world_size``-rank world of PyTorch's ``fake`` process-group
 backend (every collective is a no-op, no peer exists) as a rank at that position, megatron-core's model-parallel
 state is initialised for the layout, and the provider's real ``provide_distributed_model`` builds that rank's
 model chunks (one per virtual-pipeline stage) on the meta device, the plugin's freeze (and LoRA) running as its
 pre-wrap hook. Tensor-parallel ranks of a stage hold shards of equal size and data-parallel replicas are
-identical, so one build answers for all of them (the gloo tests in tests/unit/test_plan_per_rank.py compare
+identical, so one build answers for all of them (the gloo tests in tests/unit/planning/test_plan_per_rank.py compare
 every rank of real 2-process builds).
 
 The gradient buffer and the distributed optimizer's shards are megatron-core's own: each built rank is wrapped
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
-from bridge_freeze_plugin.planning.activations import (
+from bridge_freeze_plugin.planning._activations import (
     ActivationModel,
     StageLayers,
     in_flight_micro_batches,
@@ -41,7 +41,7 @@ from bridge_freeze_plugin.planning.activations import (
     vision_depth,
     vision_stack,
 )
-from bridge_freeze_plugin.planning.layout import Layout
+from bridge_freeze_plugin.planning._layout import Layout
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -192,7 +192,7 @@ def _configure(provider: Any, layout: Layout) -> None:
     try:
         provider.finalize()
     except Exception as exc:  # megatron-core / Bridge refuse this layout for this model
-        from bridge_freeze_plugin.planning.model_choice import error_line
+        from bridge_freeze_plugin.planning._model_choice import error_line
 
         hint = ""
         if "divisible by" in str(exc) and "pipeline" in str(exc):
@@ -279,7 +279,7 @@ def _ddp_buffers(chunks: list, layout: Layout) -> list[_Buffer]:
 
 def _layers(chunks: list, family: Any) -> StageLayers:
     """The rank's language-model layers (dense / MoE) and whether it holds the vision encoder."""
-    from bridge_freeze_plugin.planning.meta_build import collect_params
+    from bridge_freeze_plugin.planning._estimate import collect_params
     from bridge_freeze_plugin.request import Part
 
     layers: dict[tuple[int, str], bool] = {}
@@ -390,7 +390,7 @@ def plan_ranks(
             except BridgeFreezeError:
                 raise
             except Exception as exc:
-                from bridge_freeze_plugin.planning.model_choice import error_line
+                from bridge_freeze_plugin.planning._model_choice import error_line
 
                 cause = exc
                 while cause.__context__ is not None and "meta tensor" in str(cause):

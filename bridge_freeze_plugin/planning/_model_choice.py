@@ -13,7 +13,7 @@ from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
-from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS, check_hf_config, field_error
+from bridge_freeze_plugin.planning._config_checks import DEFAULT_MAX_LAYER_BLOCKS, check_hf_config, field_error
 from bridge_freeze_plugin.prewrap import provider_label
 
 
@@ -94,7 +94,7 @@ def load_hf_config(
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
-    from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES, read_offline
+    from bridge_freeze_plugin.planning._offline_configs import OFFLINE_TYPES, read_offline
 
     try:
         if doc["model_type"] in OFFLINE_TYPES:
@@ -140,7 +140,7 @@ def hf_config_provider(
     """A Bridge provider converted by Bridge itself (``AutoBridge``) from a local HF ``config.json``.
 
     Returns ``(provider, config file)``. No weights, no hub access. Needs Bridge imported with the CPU harness
-    (:func:`bridge_freeze_plugin.planning.meta_build.bridge_runtime`).
+    (:func:`bridge_freeze_plugin.planning._meta_build.bridge_runtime`).
     """
     hf_config, cfg_file = load_hf_config(path, max_layer_blocks=max_layer_blocks)
     return convert_hf_config(hf_config, cfg_file), str(cfg_file)

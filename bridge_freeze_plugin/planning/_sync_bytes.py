@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
-from bridge_freeze_plugin.planning.sync_layout import add_mapped_names, bridge_for_plan
+from bridge_freeze_plugin.planning._sync_layout import add_mapped_names, bridge_for_plan
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
     except BridgeFreezeError:
         raise
     except Exception as exc:  # Bridge's export of this model on the meta device: one readable line
-        from bridge_freeze_plugin.planning.model_choice import error_line
+        from bridge_freeze_plugin.planning._model_choice import error_line
 
         config_only = getattr(getattr(bridge.hf_pretrained, "state", None), "source", None) is None
         why = (" (Bridge had the config only: transformers has no model class for it that lists the checkpoint's "

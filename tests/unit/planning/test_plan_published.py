@@ -26,7 +26,7 @@ import pytest
 
 from bridge_freeze_harness.tiny import TINY_FAMILIES
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf_configs"
 
 #: fixture folder -> (registry family, transformers class, [(regex matched at the start of an HF parameter name,
 #: part, or None for a module Bridge does not build)] first match wins, else language_model)
@@ -428,7 +428,7 @@ def test_every_family_builds_full_size_with_zero_centred_norms(cpu_bridge, name)
     the full-size CPU context of every family, not only of those whose configs we hold: the same parameters as
     without it (megatron-core's torch norm refuses it; the harness's norm takes its place, same names and shapes)."""
     from bridge_freeze_harness.tiny import make_provider
-    from bridge_freeze_plugin.planning.meta_build import build_meta_model
+    from bridge_freeze_plugin.planning._meta_build import build_meta_model
 
     def names(zero_centred: bool) -> list[tuple[str, tuple[int, ...]]]:
         provider = make_provider(name, layernorm_zero_centered_gamma=zero_centred)

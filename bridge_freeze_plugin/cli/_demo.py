@@ -35,7 +35,7 @@ from bridge_freeze_plugin.cli._common import (
     quiet_third_party,
     selection_from,
 )
-from bridge_freeze_plugin.cli.training_options import (
+from bridge_freeze_plugin.cli._training_options import (
     FULL_RECOMPUTE,
     add_lora_options,
     add_pattern_options,

@@ -80,7 +80,7 @@ def check_model_type(doc: dict[str, Any], cfg_file: Path) -> str:
                         f"Hugging Face type as a string ({_TYPES_HINT})")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES
+    from bridge_freeze_plugin.planning._offline_configs import OFFLINE_TYPES
 
     if model_type not in CONFIG_MAPPING_NAMES and model_type not in OFFLINE_TYPES \
             and not bridge_registers(model_type):
@@ -111,7 +111,7 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
 
     from bridge_freeze_harness.tiny import TINY_FAMILIES
     from bridge_freeze_plugin.families import list_families
-    from bridge_freeze_plugin.planning.offline_configs import OFFLINE_TYPES
+    from bridge_freeze_plugin.planning._offline_configs import OFFLINE_TYPES
 
     readable, tiny_only = [], []
     for family in list_families():

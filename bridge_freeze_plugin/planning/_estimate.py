@@ -1,6 +1,7 @@
 """The estimate behind ``bridge-freeze plan``: per-parameter records in, per-part counts and bytes out.
 
-Pure arithmetic (no torch, no Bridge). What a training run holds per part:
+Pure arithmetic (no torch, no Bridge), on the records :func:`collect_params` reads off a built model. What a
+training run holds per part:
 
 - **weights**: every parameter, frozen or not (``param_dtype`` bytes each);
 - **gradient buffer**: Megatron's DDP keeps one ``main_grad`` per *trainable* parameter
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import PlanError
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap import PartCount, PartTally
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
@@ -133,6 +135,28 @@ class ParamInfo:
         if self.adapter:
             out["adapter"] = True
         return out
+
+
+def collect_params(model: Any, family: FamilySpec, base_names: frozenset[str] | None = None) -> list[ParamInfo]:
+    """One record per (distinct) parameter of ``model`` (a module or list of chunks), by part.
+
+    ``base_names``: the parameter names before a PEFT hook ran; a trainable parameter whose (unwrapped) name is
+    not among them is an adapter.
+    """
+    from bridge_freeze_plugin.prewrap import Classifier, as_chunks, base_name, named_parameters
+
+    classifier = Classifier(family)
+    seen: set[int] = set()
+    out = []
+    for _, name, param in named_parameters(as_chunks(model)):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        part = classifier.part_by_name(name) or Part.OTHER
+        trains = bool(param.requires_grad)
+        adapter = trains and base_names is not None and base_name(name) not in base_names
+        out.append(ParamInfo(name, part, trains, int(param.numel()), tuple(param.shape), adapter))
+    return out
 
 
 @dataclass(frozen=True)

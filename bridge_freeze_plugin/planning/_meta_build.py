@@ -19,18 +19,18 @@ from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
 from bridge_freeze_plugin.families import FamilySpec, family_for_provider, list_families
-from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
-from bridge_freeze_plugin.planning.estimate import MemoryAssumptions, ParamInfo, Plan, make_plan
-from bridge_freeze_plugin.planning.layout import Layout
-from bridge_freeze_plugin.planning.model_choice import (
+from bridge_freeze_plugin.planning._config_checks import DEFAULT_MAX_LAYER_BLOCKS
+from bridge_freeze_plugin.planning._estimate import MemoryAssumptions, ParamInfo, Plan, collect_params, make_plan
+from bridge_freeze_plugin.planning._layout import Layout
+from bridge_freeze_plugin.planning._model_choice import (
     convert_hf_config,
     error_line,
     load_hf_config,
     resolve_model,
     tiny_provider,
 )
-from bridge_freeze_plugin.planning.per_rank import _LM_LAYER, ActivationSettings, plan_ranks
-from bridge_freeze_plugin.planning.sync_bytes import plan_sync
+from bridge_freeze_plugin.planning._per_rank import _LM_LAYER, ActivationSettings, plan_ranks
+from bridge_freeze_plugin.planning._sync_bytes import plan_sync
 from bridge_freeze_plugin.prewrap import model_name_of, provider_label
 from bridge_freeze_plugin.request import FreezeSelection, Part
 
@@ -45,28 +45,6 @@ class _Chosen:
     config_path: str | None
     tiny_name: str | None  # the tiny configuration (source "tiny" only)
     hf_config: tuple[Any, Path] | None = None  # the read config and its file (source "hf-config" only)
-
-
-def collect_params(model: Any, family: FamilySpec, base_names: frozenset[str] | None = None) -> list[ParamInfo]:
-    """One record per (distinct) parameter of ``model`` (a module or list of chunks), by part.
-
-    ``base_names``: the parameter names before a PEFT hook ran; a trainable parameter whose (unwrapped) name is
-    not among them is an adapter.
-    """
-    from bridge_freeze_plugin.prewrap import Classifier, as_chunks, base_name, named_parameters
-
-    classifier = Classifier(family)
-    seen: set[int] = set()
-    out = []
-    for _, name, param in named_parameters(as_chunks(model)):
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        part = classifier.part_by_name(name) or Part.OTHER
-        trains = bool(param.requires_grad)
-        adapter = trains and base_names is not None and base_name(name) not in base_names
-        out.append(ParamInfo(name, part, trains, int(param.numel()), tuple(param.shape), adapter))
-    return out
 
 
 def apply_lora(provider: Any, model: Any, lora: Any) -> tuple[Any, frozenset[str]]:
@@ -297,8 +275,8 @@ def _single_rank(
     activation: ActivationSettings,
 ) -> tuple[list[Any], str]:
     """One GPU holding the whole model (no parallelism): the figures from the whole-model build."""
-    from bridge_freeze_plugin.planning.activations import StageLayers, micro_batch_bytes, vision_depth
-    from bridge_freeze_plugin.planning.per_rank import RankFigures, activation_model
+    from bridge_freeze_plugin.planning._activations import StageLayers, micro_batch_bytes, vision_depth
+    from bridge_freeze_plugin.planning._per_rank import RankFigures, activation_model
 
     layout = Layout()
     provider = chosen.provider

@@ -13,7 +13,7 @@ import pytest
 from bridge_freeze_plugin.cli import main
 
 #: A tiny Qwen3-VL-MoE config.json: text 2 layers x 4 experts, vision depth 2.
-TINY_CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_hf_configs" / "qwen3_vl_moe.json"
+TINY_CONFIG = Path(__file__).resolve().parents[2] / "fixtures" / "tiny_hf_configs" / "qwen3_vl_moe.json"
 BASE = json.loads(TINY_CONFIG.read_text())
 
 

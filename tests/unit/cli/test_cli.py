@@ -42,7 +42,7 @@ def test_families_json_lists_every_builtin_with_its_prefixes():
     assert families["qwen3_vl"]["audio_model"] == [] and "audio_model" not in families["qwen3_vl"]["parts"]
 
 
-DOCS_CLI = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+DOCS_CLI = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
 JSON_TYPES = {"str": str, "bool": bool, "list[str]": list, "list[object]": list}
 
 
@@ -269,7 +269,7 @@ def test_demo_verdict_names_a_changed_frozen_tensor_and_an_unchanged_trained_one
     import torch
 
     from bridge_freeze_harness.demo_flow import compare
-    from bridge_freeze_plugin.cli.demo import _verdict
+    from bridge_freeze_plugin.cli._demo import _verdict
 
     original = {name: torch.zeros(2) for name in ("frozen", "trained", "at_lr_zero", "stuck")}
     exported = {**original, "frozen": torch.ones(2), "trained": torch.ones(2)}
@@ -386,7 +386,7 @@ def test_plan_tiny_json_totals_equal_the_real_tiny_model(cpu_bridge, forked_comm
 
 
 #: Qwen3-VL-30B-A3B-Instruct's config.json, text and vision towers at full size (where it came from: its SOURCE).
-QWEN3_VL_30B_A3B = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs" / "qwen3_vl_moe" / "config.json"
+QWEN3_VL_30B_A3B = Path(__file__).resolve().parents[2] / "fixtures" / "hf_configs" / "qwen3_vl_moe" / "config.json"
 
 
 def test_plan_full_size_qwen3_vl_30b_a3b_under_4_gb(tmp_path):

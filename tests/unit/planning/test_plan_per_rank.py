@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("_dist_worker.py")
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = Path(__file__).parents[1] / "_dist_worker.py"
 TIMEOUT_S = 420
 
 FREEZE_LM = {"freeze_language_model": True}
@@ -150,7 +150,7 @@ def _megatron_args(**kw):
 
 
 def _estimate(args, *, gated=False, dropout=True, groups=None):
-    from bridge_freeze_plugin.planning.activations import ActivationModel, Stack, StageLayers, micro_batch_bytes
+    from bridge_freeze_plugin.planning._activations import ActivationModel, Stack, StageLayers, micro_batch_bytes
 
     heads = args.num_attention_heads
     stack = Stack(hidden=args.hidden_size, ffn=args.ffn_hidden_size, heads=heads, query_groups=groups or heads,
@@ -203,9 +203,9 @@ def test_activation_estimate_against_a_tiny_vlm_measured_on_the_cpu(cpu_bridge):
     from bridge_freeze_harness import train
     from bridge_freeze_harness.tiny import build_tiny_model
     from bridge_freeze_plugin.families import REGISTRY
-    from bridge_freeze_plugin.planning.activations import StageLayers, micro_batch_bytes, vision_depth
-    from bridge_freeze_plugin.planning.layout import Layout
-    from bridge_freeze_plugin.planning.per_rank import activation_model
+    from bridge_freeze_plugin.planning._activations import StageLayers, micro_batch_bytes, vision_depth
+    from bridge_freeze_plugin.planning._layout import Layout
+    from bridge_freeze_plugin.planning._per_rank import activation_model
     from bridge_freeze_plugin.request import FreezeSelection
 
     provider = train.make_provider("qwen3_vl")
@@ -234,7 +234,7 @@ def test_activation_estimate_against_a_tiny_vlm_measured_on_the_cpu(cpu_bridge):
 
 
 def test_full_recompute_keeps_layer_inputs_and_the_vision_fix_keeps_the_vision_encoders_activations():
-    from bridge_freeze_plugin.planning.activations import ActivationModel, Stack, StageLayers, micro_batch_bytes
+    from bridge_freeze_plugin.planning._activations import ActivationModel, Stack, StageLayers, micro_batch_bytes
 
     lm = Stack(hidden=1024, ffn=4096, heads=16, query_groups=16, head_dim=64, dropout=True)
     vision = Stack(hidden=512, ffn=2048, heads=8, query_groups=8, head_dim=64)
@@ -254,7 +254,7 @@ def test_full_recompute_keeps_layer_inputs_and_the_vision_fix_keeps_the_vision_e
 
 
 def test_in_flight_micro_batches_follow_1f1b_and_megatrons_interleaving_penalty():
-    from bridge_freeze_plugin.planning.activations import in_flight_micro_batches
+    from bridge_freeze_plugin.planning._activations import in_flight_micro_batches
 
     assert [in_flight_micro_batches(4, r, None) for r in range(4)] == [4, 3, 2, 1]
     assert in_flight_micro_batches(4, 0, 2) == pytest.approx(4 * (1 + 3 / 8))

@@ -162,7 +162,7 @@ def test_plan_sync_with_lora_on_the_language_model_counts_the_merged_bases(check
 
 def test_a_tiny_plan_says_why_it_has_no_sync_figure(cpu_bridge):
     from bridge_freeze_plugin import planning
-    from bridge_freeze_plugin.planning.sync_bytes import TINY_UNAVAILABLE
+    from bridge_freeze_plugin.planning._sync_bytes import TINY_UNAVAILABLE
     from bridge_freeze_plugin.request import FreezeSelection
 
     planned = planning.plan_model("qwen3_vl", FreezeSelection(**PROJECTION_ONLY), planning.MemoryAssumptions(),

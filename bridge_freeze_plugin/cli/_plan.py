@@ -25,7 +25,7 @@ from bridge_freeze_plugin.cli._common import (
     quiet_third_party,
     selection_from,
 )
-from bridge_freeze_plugin.cli.training_options import (
+from bridge_freeze_plugin.cli._training_options import (
     add_lora_options,
     add_pattern_options,
     make_lora,
@@ -33,8 +33,8 @@ from bridge_freeze_plugin.cli.training_options import (
     with_patterns,
 )
 from bridge_freeze_plugin.errors import CommandError
-from bridge_freeze_plugin.planning.config_checks import DEFAULT_MAX_LAYER_BLOCKS
-from bridge_freeze_plugin.planning.sync_bytes import describe as sync_line
+from bridge_freeze_plugin.planning import DEFAULT_MAX_LAYER_BLOCKS
+from bridge_freeze_plugin.planning import describe_sync as sync_line
 
 _EPILOG = (
     "examples:\n"
