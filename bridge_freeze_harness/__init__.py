@@ -27,7 +27,7 @@ full-size build), :mod:`bridge_freeze_harness.tiny` (tiny configurations: ``make
 ``build_tiny_model``, ``build_tiny_chunks``, ``build_context``), :mod:`bridge_freeze_harness.train`
 (``trainable_families``, ``train_spec``, ``synthetic_batch``, ``loss_fn``, ``train_steps``).
 
-Every module (``tests/unit/test_harness_stubs.py`` checks that this list names them all):
+Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this list names them all):
 
 - import-time stubs: :mod:`._stub_window` (a module that exists only while chosen modules execute: the mechanism),
   :mod:`._te_stub` (TransformerEngine for Bridge's two TE-importing modules), :mod:`._resiliency_stub`

@@ -1,4 +1,4 @@
-"""On a GPU machine: the layouts tests/unit/test_distributed.py cannot build on the CPU.
+"""On a GPU machine: the layouts tests/unit/integration/test_distributed.py cannot build on the CPU.
 
 - PP2 with tied embedding / output weights WITHOUT the CPU patch: megatron-core 0.19.2's
   ``LanguageModule.setup_embeddings_and_output_layer`` moves the tied weight to CUDA

@@ -1,4 +1,5 @@
-"""One rank of a multi-process CPU run (gloo, loopback) for tests/unit/test_distributed.py and test_plan_per_rank.py.
+"""One rank of a multi-process CPU run (gloo, loopback) for tests/unit/integration/test_distributed.py and
+test_plan_per_rank.py.
 
 ``rank_main(rank, world, out_dir, scenarios_json, port)`` (and ``plan_main``, plan's side of
 tests/unit/planning/test_plan_per_rank.py) runs in a process forked from the session's forkserver

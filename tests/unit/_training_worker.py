@@ -1,4 +1,4 @@
-"""One rank of Bridge's real ``pretrain()`` over gloo, for tests/unit/test_bridge_training.py (DP2).
+"""One rank of Bridge's real ``pretrain()`` over gloo, for tests/unit/integration/test_bridge_training.py (DP2).
 
 ``rank_main(rank, world, workdir, iters, port)`` runs in a process forked from the session's forkserver
 (``bridge_forkserver`` in tests/unit/conftest.py), whose server imported Bridge once: the ``import_bridge()`` below

@@ -4,7 +4,7 @@ Every optimizer test compares one step with per-part LRs against single-LR steps
 gradients: each part must move exactly as a run at its own LR moves it. megatron-core's ``FP32Optimizer`` runs
 here (fp32 weights, no DDP buffers); its one CUDA tensor (a constant loss scale of 1.0) is made on the CPU.
 The distributed optimizer (DDP's gradient buffers) runs inside Bridge's real training loop in
-tests/unit/test_bridge_training.py.
+tests/unit/integration/test_bridge_training.py.
 """
 
 from __future__ import annotations
@@ -286,7 +286,8 @@ def test_settings_under_which_a_part_lr_would_not_apply_raise(rig, change, named
 def test_bridge_provider_and_scheduler_follow_the_global_shape(rig):
     """The provider as Bridge's ``setup_optimizer`` uses it: ``build_config_overrides(context)``, then
     ``get_megatron_optimizer(config_overrides=...)`` and megatron-core's ``OptimizerParamScheduler``. (Bridge's own
-    ``setup_optimizer``: the last test here, and tests/unit/test_bridge_training.py inside ``pretrain()``.)"""
+    ``setup_optimizer``: the last test here, and tests/unit/integration/test_bridge_training.py inside
+    ``pretrain()``.)"""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     from bridge_freeze_plugin.optim import PartLROverrideProvider, verify_part_learning_rates

@@ -43,7 +43,8 @@ def lora(targets):
 def bridge_peft_hook(peft):
     """Bridge's own PEFT step (``setup._apply_peft_transformation``: apply for training, record params_to_save) as a
     pre-wrap hook. Bridge's ``setup()`` wraps it in a closure over ``cfg`` that first loads the pretrained
-    checkpoint (``setup._create_peft_pre_wrap_hook``): that whole path runs in tests/unit/test_bridge_training.py."""
+    checkpoint (``setup._create_peft_pre_wrap_hook``): that whole path runs in
+    tests/unit/integration/test_bridge_training.py."""
     from megatron.bridge.training.setup import _apply_peft_transformation
 
     return functools.partial(_apply_peft_transformation, peft)

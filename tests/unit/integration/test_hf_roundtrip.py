@@ -411,7 +411,7 @@ def test_qwen3_asr_default_rope_is_transformers_own_formula(cpu_bridge):
     from bridge_freeze_harness.hf_checkpoint import hf_config
     from bridge_freeze_harness.tiny.qwen3_asr import default_rope_parameters
 
-    published = json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs" / "qwen3_asr" / "config.json")
+    published = json.loads((Path(__file__).parents[2] / "fixtures" / "hf_configs" / "qwen3_asr" / "config.json")
                            .read_text())["thinker_config"]["text_config"]
     for text in (Qwen3ASRTextConfig(**published), hf_config("qwen3_asr").thinker_config.text_config):
         reference = Qwen3Config(hidden_size=text.hidden_size, num_attention_heads=text.num_attention_heads,

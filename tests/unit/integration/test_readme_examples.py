@@ -7,7 +7,7 @@ from pathlib import Path
 
 from _shared import QWEN3_PROJECTION
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def first_python_block(page: str) -> str:

@@ -31,8 +31,8 @@ from _shared import QWEN3_PROJECTION, join_or_kill, start_forked
 
 from bridge_freeze_harness.cpu_runtime import free_port
 
-WORKER = Path(__file__).with_name("_dist_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).parents[1] / "_dist_worker.py"
+ROOT = Path(__file__).resolve().parents[3]
 WORLD = 2
 TIMEOUT_S = 240  # the whole run; a hang anywhere fails the module instead of hanging CI
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 EXPECTED = {
     "overhead": {"sizes", "max_ratio", "target_ratio", "ratio_ok", "growth_100k_over_10k"},

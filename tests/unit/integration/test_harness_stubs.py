@@ -12,7 +12,7 @@ import pytest
 
 from bridge_freeze_harness._stub_window import StubWindowFinder
 
-HARNESS = Path(__file__).resolve().parents[2] / "bridge_freeze_harness"
+HARNESS = Path(__file__).resolve().parents[3] / "bridge_freeze_harness"
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ batch the harness's synthetic dataset lays out for it, checked against Bridge's 
 The Omni thinkers take their audio (``input_features`` / ``feature_attention_mask``) and their image from the batch:
 Bridge's vlm_step passes one ``GenericVisualInputs`` (no audio field), its Qwen3-Omni step passes the media as
 top-level keys. That the audio reaches the model in Bridge's real loop is shown end to end by the demo test
-(tests/unit/test_cli.py: the audio projection's HF tensors change); here, the pieces.
+(tests/unit/cli/test_cli.py: the audio projection's HF tensors change); here, the pieces.
 """
 
 from __future__ import annotations
