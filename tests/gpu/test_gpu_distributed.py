@@ -22,7 +22,7 @@ _UNIT = Path(__file__).resolve().parents[1] / "unit"
 if str(_UNIT) not in sys.path:  # the CPU test imports its helpers (_shared, _family_parts) from there
     sys.path.insert(0, str(_UNIT))
 _SPEC = importlib.util.spec_from_file_location(
-    "_bfp_cpu_distributed_tests", _UNIT / "test_distributed.py"
+    "_bfp_cpu_distributed_tests", _UNIT / "integration" / "test_distributed.py"
 )
 _CPU = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_CPU)  # the CPU test's launcher and expectations (no test runs from here)
