@@ -15,8 +15,13 @@ import inspect
 from typing import Any
 
 from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.families import FamilySpec, class_path, family_for_provider, list_families
-from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
+from bridge_freeze_plugin.families import (
+    UNSUPPORTED_PROVIDERS,
+    FamilySpec,
+    class_path,
+    family_for_provider,
+    list_families,
+)
 from bridge_freeze_plugin.prewrap._report import DefaultOverride
 from bridge_freeze_plugin.prewrap._state import STATE
 from bridge_freeze_plugin.request import ALIASES, FLAG_PARTS, FLAGS, FreezeSelection, asked_text, label

@@ -1,4 +1,5 @@
-"""Where the plugin imports what: its runtime path stays free of the CPU harness and of heavy libraries.
+"""Where the plugin imports what: its runtime path stays free of the CPU harness and of heavy libraries, and the
+top level is the subsystems (the folders), each behind its face.
 
 ``bridge_freeze_harness`` (the CPU harness: TE stub, tiny configs, CPU training) is imported only by the
 ``bridge-freeze`` command's ``demo`` and ``plan`` (the ``cli`` and ``planning`` packages), lazily inside
@@ -11,6 +12,7 @@ the plugin (which every Megatron-Bridge import does, through activation) stays l
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -137,8 +139,8 @@ def _resolve(module: str) -> Path | None:
 
 def _runtime_closure() -> dict[str, set[str]]:
     """Every plugin module the runtime reaches (all imports followed, function bodies included)."""
-    roots = [PACKAGE / "__init__.py", PACKAGE / "validation.py", *sorted((PACKAGE / "activation").glob("*.py")),
-             *sorted((PACKAGE / "prewrap").glob("*.py"))]
+    roots = [PACKAGE / "__init__.py", PACKAGE / "config" / "_validation.py",
+             *sorted((PACKAGE / "activation").glob("*.py")), *sorted((PACKAGE / "prewrap").glob("*.py"))]
     seen: dict[str, set[str]] = {}
     stack = [p for p in roots if p.is_file()]
     while stack:
@@ -192,3 +194,228 @@ def test_importing_every_plugin_module_loads_no_test_support_nor_heavy_library()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ---- The top level is the subsystems ----------------------------------------------------------------------------
+# Only errors, ranks and the package's __init__ stand at the top; every other module is in a folder (a subsystem)
+# whose __init__.py is its face (``__all__``). Behind the face, modules are ``_``-private, except the family tables
+# (data, one public module per vendor, as timm's model modules), cli/__main__.py, and the two modules whose classes'
+# paths Bridge writes into run_config.yaml as ``_target_`` (it refuses a path with a private segment). Across folders,
+# the library imports only faces (module-level and function-level imports alike); the folders' import graph has no
+# circle; a test imports faces, errors, ranks and the top-level package, or the modules of the folder it lives in.
+# The checks run on a map of files (path -> source) so that each one is also shown to fail on a planted violation.
+
+PKG = "bridge_freeze_plugin"
+TESTS = PACKAGE.parent / "tests"
+TOP_LEVEL = {"__init__.py", "errors.py", "ranks.py"}
+PUBLIC_BEHIND_FACE = {"cli/__main__.py", "activation/freezable.py", "optim/bridge.py"}
+FAMILY_DATA = ("FAMILIES", "UNSUPPORTED_PROVIDERS")  # what a public module of families/ defines (data only)
+
+
+def _package_files() -> dict[str, str]:
+    return {p.relative_to(PACKAGE).as_posix(): p.read_text() for p in MODULES}
+
+
+def _test_files() -> dict[str, str]:
+    return {p.relative_to(TESTS).as_posix(): p.read_text() for p in sorted(TESTS.rglob("*.py"))}
+
+
+def _dotted(rel: str) -> str:
+    return ".".join((PKG, *Path(rel).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def _folder(module: str) -> str:
+    """The subsystem of a package module: its folder, or the module itself at the top (errors, ranks, the package)."""
+    parts = module.split(".")
+    return module if len(parts) == 1 or f"{parts[1]}.py" in TOP_LEVEL else parts[1]
+
+
+def _targets(source: str) -> list[tuple[str, int]]:
+    """Every dotted name a module imports, as ``module.name`` for ``from module import name`` (function bodies,
+    TYPE_CHECKING blocks and literal ``importlib.import_module`` names included)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) == "import_module"
+                   or getattr(node.func, "id", None) == "__import__")):
+            found.append((node.args[0].value, node.lineno))
+    return found
+
+
+def _imported_modules(files: dict[str, str], source: str) -> list[tuple[str, int]]:
+    """The package modules ``source`` imports: each target cut to its longest prefix that is a module of ``files``."""
+    modules = {_dotted(rel) for rel in files}
+    out = []
+    for target, line in _targets(source):
+        parts = target.split(".")
+        for end in range(len(parts), 0, -1):
+            if ".".join(parts[:end]) in modules:
+                out.append((".".join(parts[:end]), line))
+                break
+    return out
+
+
+def top_level_offenders(files: dict[str, str]) -> list[str]:
+    return sorted(rel for rel in files if "/" not in rel and rel not in TOP_LEVEL)
+
+
+def public_offenders(files: dict[str, str]) -> list[str]:
+    """Modules behind a face with a public name that no rule allows."""
+    out = []
+    for rel, source in files.items():
+        name = rel.rsplit("/", 1)[-1]
+        if "/" not in rel or name.startswith("_") or rel in PUBLIC_BEHIND_FACE:
+            continue
+        if rel.startswith("families/") and rel.count("/") == 1:
+            defined = {t.id for n in ast.parse(source).body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+            if defined & set(FAMILY_DATA):
+                continue
+        out.append(rel)
+    return sorted(out)
+
+
+def _is_face(module: str) -> bool:
+    return module.count(".") == 1 or module == PKG
+
+
+def private_import_offenders(files: dict[str, str]) -> list[str]:
+    """Library imports of another folder's module other than its face (errors, ranks and the package are faces)."""
+    out = []
+    for rel, source in files.items():
+        here = _folder(_dotted(rel))
+        for module, line in _imported_modules(files, source):
+            if _folder(module) != here and not (_is_face(module) or "/" not in _rel_of(module)):
+                out.append(f"{rel}:{line} imports {module}")
+    return sorted(out)
+
+
+def _rel_of(module: str) -> str:
+    return "/".join(module.split(".")[1:]) or "__init__"
+
+
+def folder_graph(files: dict[str, str]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for rel, source in files.items():
+        here = _folder(_dotted(rel))
+        graph.setdefault(here, set()).update(
+            _folder(m) for m, _ in _imported_modules(files, source) if _folder(m) != here)
+    return graph
+
+
+def folder_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of the folder graph (the folders in order, the first repeated at the end), or []."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_import_offenders(files: dict[str, str], tests: dict[str, str]) -> list[str]:
+    """Test imports of a package module other than a face, unless the test lives in that module's folder
+    (tests/unit/<folder>/)."""
+    out = []
+    for rel, source in tests.items():
+        parts = rel.split("/")
+        home = parts[1] if parts[0] == "unit" and len(parts) > 2 else None
+        for module, line in _imported_modules(files, source):
+            if not (_is_face(module) or "/" not in _rel_of(module) or _folder(module) == home):
+                out.append(f"tests/{rel}:{line} imports {module}")
+    return sorted(out)
+
+
+test_import_offenders.__test__ = False  # a checker, not a test
+
+
+def test_only_errors_ranks_and_the_package_stand_at_the_top():
+    assert not top_level_offenders(_package_files())
+
+
+def test_behind_each_face_the_modules_are_private():
+    assert not public_offenders(_package_files())
+
+
+def test_the_library_imports_only_faces_across_folders():
+    assert not private_import_offenders(_package_files())
+
+
+def test_the_folder_import_graph_has_no_circle():
+    graph = folder_graph(_package_files())
+    assert {"request", "families", "prewrap", "activation", "config", "planning", "cli"} <= set(graph)
+    assert graph["families"] >= {"request"} and "families" not in graph["request"]
+    assert not folder_circle(graph)
+
+
+def test_tests_import_faces_or_their_own_folders_modules():
+    assert not test_import_offenders(_package_files(), _test_files())
+
+
+def test_every_face_declares_what_it_hands_on_and_has_it():
+    faces = sorted(rel for rel in _package_files() if rel.endswith("/__init__.py"))
+    code = (
+        "import importlib, json\n"
+        f"out = {{}}\nfor name in {[_dotted(f) for f in faces]!r}:\n"
+        "    face = importlib.import_module(name)\n"
+        "    names = getattr(face, '__all__', None)\n"
+        "    out[name] = None if names is None else [n for n in names if not hasattr(face, n)]\n"
+        "print(json.dumps(out))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    missing = {face: names for face, names in json.loads(out.stdout).items() if names != []}
+    assert not missing, f"faces without __all__ (None) or with names they lack: {missing}"
+
+
+PLANTED = [
+    ("a loose module at the top", top_level_offenders, {"loose.py": ""}, {}, "loose.py"),
+    ("a public module behind a face", public_offenders, {"prewrap/helpers.py": ""}, {}, "prewrap/helpers.py"),
+    ("machinery named as a family table", public_offenders, {"families/lookup.py": "def f():\n    pass\n"}, {},
+     "families/lookup.py"),
+    ("another folder's private module, in a function", private_import_offenders,
+     {"export/_planted.py": "def f():\n    from bridge_freeze_plugin.prewrap._hooks import HookChain\n"}, {},
+     "export/_planted.py:2 imports bridge_freeze_plugin.prewrap._hooks"),
+    ("another folder's private module, named through its package", private_import_offenders,
+     {"optim/_planted.py": "from bridge_freeze_plugin.prewrap import _freeze\n"}, {},
+     "optim/_planted.py:1 imports bridge_freeze_plugin.prewrap._freeze"),
+    ("another folder's public module that is not its face", private_import_offenders,
+     {"prewrap/_planted.py": "from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS\n"}, {},
+     "prewrap/_planted.py:1 imports bridge_freeze_plugin.families.unsupported"),
+    ("a circle between folders", lambda files: folder_circle(folder_graph(files)),
+     {"request/_planted.py": "def f():\n    from bridge_freeze_plugin.families import get_family\n"}, {},
+     "families"),
+    ("a test importing another folder's private module", None,
+     {}, {"unit/config/test_planted.py": "from bridge_freeze_plugin.prewrap._hooks import HookChain\n"},
+     "tests/unit/config/test_planted.py:1 imports bridge_freeze_plugin.prewrap._hooks"),
+]
+
+
+@pytest.mark.parametrize(("what", "check", "files", "tests", "expected"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_each_layout_check_finds_a_planted_violation(what, check, files, tests, expected):
+    package = {**_package_files(), **files}
+    if check is None:
+        found = test_import_offenders(package, {**_test_files(), **tests})
+        allowed = test_import_offenders(package, {"unit/prewrap/test_planted.py": tests[next(iter(tests))]})
+        assert not allowed  # the same import from a test of that folder is fine
+    else:
+        found = check(package)
+    assert any(expected in item for item in found), (what, found)
