@@ -1,14 +1,17 @@
 """bridge-freeze-plugin: choose which parts of a vision-language model train on Megatron-Bridge.
 
-Three flags (``freeze_language_model``, ``freeze_vision_model``, ``freeze_vision_projection``), a
-registry of VLM families (module prefixes of each part), and a provider mixin that applies the
-selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
+One flag per part of the vocabulary, five today (``freeze_language_model``, ``freeze_vision_model``,
+``freeze_vision_projection``, ``freeze_audio_model``, ``freeze_audio_projection``), optional train / freeze
+patterns, a registry of VLM families (the module prefixes of each part), and Bridge's own providers patched to
+apply the selection before the DDP wrap. Importing this package imports neither torch nor Megatron.
 
-The flow, module by module: :mod:`~bridge_freeze_plugin.request._selection` (what is asked) ->
-:mod:`~bridge_freeze_plugin.config._validation` (config checks) -> :mod:`~bridge_freeze_plugin.families._registry` +
-:mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.prewrap._provider` +
-:mod:`~bridge_freeze_plugin.activation` / :mod:`~bridge_freeze_plugin.activation` (provider override) ->
-:mod:`~bridge_freeze_plugin.prewrap` (freeze, hooks, guarantee) -> :mod:`~bridge_freeze_plugin.prewrap._report`.
+The top level is the subsystems, each a folder behind its face (its ``__init__``), in the order a request flows:
+:mod:`~bridge_freeze_plugin.request` (what is asked) -> :mod:`~bridge_freeze_plugin.config` (a training config
+read and checked) -> :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.activation`
+(Bridge's providers honour the flags) -> :mod:`~bridge_freeze_plugin.prewrap` (the build: freeze, hooks,
+guarantee, report) -> :mod:`~bridge_freeze_plugin.optim` (per-part learning rates) and
+:mod:`~bridge_freeze_plugin.export` (RL weight sync, adapter exports); :mod:`~bridge_freeze_plugin.planning` and
+:mod:`~bridge_freeze_plugin.cli` are the ``bridge-freeze`` command. docs/architecture.md draws it.
 """
 
 import importlib

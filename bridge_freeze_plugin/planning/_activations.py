@@ -95,7 +95,7 @@ class ActivationModel:
     language: Stack
     vocab: int
     vision: Stack | None = None
-    #: full recompute is turned off in the vision encoder (the plugin's fix, see recompute.py)
+    #: full recompute is turned off in the vision encoder (the plugin's fix, see prewrap/_recompute.py)
     vision_recompute_off: bool = False
     notes: tuple[str, ...] = field(default=())
 

@@ -4,7 +4,7 @@
    suite's own multi-process worker: megatron-core's model-parallel state for TP2 / PP2 / EP2, the plugin's
    freeze, ``provide_distributed_model``); every rank's parameter and trainable counts, summed from the names
    and sizes it reports, must equal plan's entry for that rank position, which plan computes in another
-   process (its fake-backend world, see planning/per_rank.py). EP2 trains one expert per rank through
+   process (its fake-backend world, see planning/_per_rank.py). EP2 trains one expert per rank through
    train patterns (global expert numbers), so the two expert ranks differ.
 2. The activation estimate against Megatron-LM's own theoretical-memory formula
    (``megatron.training.theoretical_memory_usage.compute_activation_memory``, installed with Bridge) for a text
