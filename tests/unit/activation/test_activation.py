@@ -103,10 +103,16 @@ def test_wheel_ships_the_autoload_line(tmp_path):
     """What a user installs: the wheel puts the .pth and its start-up module at the top of site-packages."""
     import zipfile
 
+    import shutil
+
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    # setuptools builds in the source tree (build/, *.egg-info): build a copy, so the checkout stays as it was
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns(".*", "__pycache__", "build", "dist", "*.egg-info", "tests", "benchmarks", "docs")
+    shutil.copytree(root, source, ignore=skip)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
-         "--disable-pip-version-check", root],
+         "--disable-pip-version-check", str(source)],
         check=True, capture_output=True, timeout=240, cwd=tmp_path,
     )
     (wheel,) = tmp_path.glob("bridge_freeze_plugin-*.whl")
