@@ -124,7 +124,7 @@ def adapt(cfg: Any, layout: Layout, overrides: Iterable[Override] = (), fields: 
     own = {pattern: dict(keys) if isinstance(keys, Mapping) else keys for pattern, keys in layout.own.items()}
     for megatron in (layout.flags, layout.reference_flags):
         if megatron is not None:
-            own[megatron] = {**own.get(megatron, {}), **_hooks("SkyRL (its worker registers the pre-wrap hook)")}
+            own[megatron] = {**_hooks(layout.trainer), **own.get(megatron, {})}
     fields = fields or current()
     if fields is None:
         return replace(layout, skyrl=None, own=own), None
