@@ -16,6 +16,7 @@ lacks): ``AutoBridge.from_hf_pretrained`` -> ``to_megatron_provider()`` -> ``set
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ class Case:
     dump: bool = False  # over SkyRL's dump of its defaults (tests/fixtures/configs/skyrl)
     #: why the plugin's rule refuses what SkyRL's loader accepts (required where the two disagree)
     differs: str | None = None
+    #: what check-config's refusal must say (a regular expression): SkyRL's own words, and what to write instead
+    says: str | None = None
     #: a family to build it with, and the parts check-config must say train (the build must train exactly them)
     build: str | None = None
     trains: frozenset[str] = field(default_factory=frozenset)
@@ -89,14 +92,24 @@ CASES = [
          dump=True),
     case("rl-geometry3k-30b-a3b-example", "rl", GEOMETRY3K_30B, True, True),
     case("sft-megatron-vlm-example", "sft", VLM_SFT, True, True),
-    case("rl-review-key-vision", "rl", [MEGATRON, VLM, f"{P}.freeze_vision_model=true"], False, False),
-    case("rl-review-key-language-model", "rl", [MEGATRON, f"{P}.freeze_language_model=true"], False, False),
-    case("sft-review-key-projection", "sft", ["megatron_config.freeze_vision_projection=true"], False, False),
-    case("rl-review-key-plus-prefix", "rl", [MEGATRON, f"+{P}.freeze_vision_model=true"], False, False),
+    case("rl-review-key-vision", "rl", [MEGATRON, VLM, f"{P}.freeze_vision_model=true"], False, False,
+         says=(r"Invalid fields \{'freeze_vision_model'\} for MegatronConfig.*write trainer\.policy\.megatr"
+               r"on_config\.transformer_config_kwargs\.freeze_vision_model")),
+    case("rl-review-key-language-model", "rl", [MEGATRON, f"{P}.freeze_language_model=true"], False, False,
+         says=(r"Invalid fields \{'freeze_language_model'\} for MegatronConfig.*transformer_config_kwargs\."
+               r"freeze_language_model")),
+    case("sft-review-key-projection", "sft", ["megatron_config.freeze_vision_projection=true"], False, False,
+         says=(r"Invalid fields \{'freeze_vision_projection'\} for MegatronConfig.*write megatron_config\.t"
+               r"ransformer_config_kwargs\.freeze_vision_projection")),
+    case("rl-review-key-plus-prefix", "rl", [MEGATRON, f"+{P}.freeze_vision_model=true"], False, False,
+         says=r"The '\+' prefix for adding new config fields is not supported.*write trainer\.policy"),
     case("sft-kwargs-plus-prefix", "sft", ["+megatron_config.transformer_config_kwargs.freeze_vision_model=true"],
-         False, False),
-    case("rl-dump-tilde-prefix", "rl", ["~trainer.seed"], False, False, dump=True),
-    case("rl-ref-review-key", "rl", [MEGATRON, "trainer.ref.megatron_config.freeze_vision_model=true"], False, False),
+         False, False,
+         says=r"Invalid fields \{'\+megatron_config'\} for SFTConfig"),
+    case("rl-dump-tilde-prefix", "rl", ["~trainer.seed"], False, False, dump=True,
+         says=r"Invalid fields \{'~trainer'\} for SkyRLTrainConfig"),
+    case("rl-ref-review-key", "rl", [MEGATRON, "trainer.ref.megatron_config.freeze_vision_model=true"], False, False,
+         says=r"Invalid fields \{'freeze_vision_model'\} for MegatronConfig\)\. Remove it: the reference model"),
     case("rl-kwargs-vision-frozen", "rl", [MEGATRON, VLM, f"{K}.freeze_vision_model=true"], True, True,
          build="qwen3_vl", trains=frozenset({"language_model", "vision_projection"})),
     case("rl-kwargs-projection-only", "rl", [MEGATRON, VLM, *PROJECTION_ONLY], True, True,
@@ -123,32 +136,48 @@ CASES = [
     case("rl-lora-with-a-full-rank-part", "rl", [MEGATRON, "trainer.policy.model.lora.rank=8",
                                                  f"{K}.freeze_vision_model=true"], True, False,
          differs="the RL weight sync moves SkyRL's adapters (or merged weights) only: the full-rank parts next to "
-                 "them would never reach the inference engine, which would generate from stale weights"),
-    case("rl-typo-section", "rl", ["trainer.polcy.model.path=x"], False, False),
-    case("rl-typo-megatron-field", "rl", [f"{P}.tensor_model_paralel_size=2"], False, False),
-    case("rl-typo-review-key", "rl", [MEGATRON, f"{P}.freeze_vison_model=true"], False, False),
+                 "them would never reach the inference engine, which would generate from stale weights",
+         says=r"transformer_config_kwargs\.freeze_vision_model=true with LoRA .* in an RL run"),
+    case("rl-typo-section", "rl", ["trainer.polcy.model.path=x"], False, False,
+         says=r"Invalid fields \{'polcy'\} for TrainerConfig\); did you mean trainer\.policy\?"),
+    case("rl-typo-megatron-field", "rl", [f"{P}.tensor_model_paralel_size=2"], False, False,
+         says=r"did you mean trainer\.policy\.megatron_config\.tensor_model_parallel_size"),
+    case("rl-typo-review-key", "rl", [MEGATRON, f"{P}.freeze_vison_model=true"], False, False,
+         says=(r"Invalid fields \{'freeze_vison_model'\}.*write trainer\.policy\.megatron_config\.transform"
+               r"er_config_kwargs\.freeze_vision_model")),
     case("rl-typo-in-kwargs", "rl", [MEGATRON, f"{K}.freeze_vison_model=true"], True, False,
          differs="transformer_config_kwargs is a free mapping to SkyRL: it would set freeze_vison_model on the "
-                 "provider, which nothing reads, and train the vision encoder silently"),
+                 "provider, which nothing reads, and train the vision encoder silently",
+         says=(r"transformer_config_kwargs\.freeze_vison_model is not a freeze flag; did you mean trainer\."
+               r"policy\.megatron_config\.transformer_config_kwargs\.freeze_vision_model\?")),
     case("rl-wrong-type-flag", "rl", [MEGATRON, f"{K}.freeze_vision_model=maybe"], True, False,
          differs="SkyRL never checks a value's type; the string 'maybe' on the provider is not a boolean flag, which "
-                 "the plugin refuses at the build (said here first)"),
+                 "the plugin refuses at the build (said here first)",
+         says=r"transformer_config_kwargs\.freeze_vision_model must be a boolean"),
     case("rl-wrong-type-skyrl-field", "rl", [f"{P}.tensor_model_parallel_size=two"], True, True),
     case("rl-yes-is-a-boolean", "rl", [MEGATRON, f"{K}.freeze_vision_model=yes"], True, True),
     case("rl-scalar-for-a-section", "rl", [f"{P}=5"], True, False,
          differs="SkyRL keeps 5 in place of its MegatronConfig and fails only when its worker reads a setting of "
-                 "it; the flags cannot be read from a scalar"),
+                 "it; the flags cannot be read from a scalar",
+         says=(r"trainer\.policy\.megatron_config must be a mapping of settings \(it holds trainer\.policy"
+               r"\.megatron_config\.transformer_config_kwargs\)")),
     case("rl-kwargs-router-hook", "rl", [MEGATRON, f"{K}.freeze_moe_router=true"], True, False,
          differs="in transformer_config_kwargs SkyRL sets freeze_moe_router on the provider, where nothing reads it: "
-                 "the routers would train silently (SkyRL's own field is megatron_config.freeze_moe_router)"),
+                 "the routers would train silently (SkyRL's own field is megatron_config.freeze_moe_router)",
+         says=r"is SkyRL's own MegatronConfig field.*Write trainer\.policy\.megatron_config\.freeze_moe_router"),
     case("rl-kwargs-flag-under-fsdp", "rl", [f"{K}.freeze_vision_model=true"], True, False,
-         differs="the default strategy is fsdp, which never builds a Megatron provider: the flag would never apply"),
+         differs="the default strategy is fsdp, which never builds a Megatron provider: the flag would never apply",
+         says=(r"transformer_config_kwargs\.freeze_vision_model=true requires strategy=megatron, but traine"
+               r"r\.strategy=fsdp")),
     case("rl-kwargs-learning-rate", "rl", [MEGATRON, f"{K}.lr_vision_projection=0.001"], True, False,
-         differs="SkyRL builds its optimizer without per-part learning rates: one set on the provider never applies"),
+         differs="SkyRL builds its optimizer without per-part learning rates: one set on the provider never applies",
+         says=r"transformer_config_kwargs\.lr_vision_projection: SkyRL 0\.4\.0 builds its optimizer without"),
     case("rl-ref-kwargs-flag", "rl", [MEGATRON, "trainer.ref.megatron_config.transformer_config_kwargs."
                                                 "freeze_vision_model=true"], True, False,
          differs="the reference model never trains: a freeze flag there means nothing (the policy's go under "
-                 f"{K})"),
+                 f"{K})",
+         says=(r"trainer\.ref\.megatron_config\.transformer_config_kwargs\.freeze_vision_model=true: the re"
+               r"ference model never trains")),
 ]
 
 
@@ -206,6 +235,10 @@ def test_check_config_accepts_what_skyrls_loader_accepts(c, skyrl_as_released):
     assert skyrl_loads(c) is c.skyrl_accepts, f"SkyRL 0.4.0's loader {'refused' if c.skyrl_accepts else 'took'} it"
     result = check_config(c)
     assert (not isinstance(result, Exception)) is c.check_config_accepts, result
+    if isinstance(result, Exception):
+        assert c.says and re.search(c.says, str(result), re.S), result
+    else:  # read as SkyRL 0.4.0 reads it, and said so
+        assert "checked against the installed skyrl 0.4.0's config classes" in result.loaded.layout_reason
     assert (c.skyrl_accepts == c.check_config_accepts) is (c.differs is None)
     if c.trains:
         assert parts(result.settings.selection.trained_parts()) == c.trains
