@@ -125,6 +125,11 @@ CASES = [
                                                    f"{K}.freeze_vision_model=true"], True, True,
          build="qwen3_vl_moe", trains=frozenset({"language_model", "vision_projection"}), routers_frozen=True),
     case("sft-lora-plain", "sft", ["model.lora.rank=8"], True, True),
+    case("sft-lora-next-to-a-full-rank-projection", "sft", [
+        "model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[linear_qkv,linear_proj]",
+        "megatron_config.transformer_config_kwargs.freeze_language_model=true",
+        "megatron_config.transformer_config_kwargs.freeze_vision_model=true"], True, True,
+         build="qwen3_vl", trains=frozenset({"vision_projection"})),
     case("sft-lora-all-parts-frozen", "sft", ["model.lora.rank=8",
                                               "megatron_config.transformer_config_kwargs.freeze_language_model=true",
                                               "megatron_config.transformer_config_kwargs.freeze_vision_model=true",
@@ -278,7 +283,29 @@ def test_the_committed_dumps_and_listing_are_what_the_installed_skyrl_writes(sky
 # ---- the build: SkyRL 0.4.0's provider calls, in its order, on the harness's tiny models ------------------------
 
 
-def skyrl_build(checkpoint: Path, family: str, megatron_config) -> list:
+class SkyRLLoRAHolder:
+    """SkyRL 0.4.0's MegatronWorker as its LoRA pre-wrap hook sees it (``configure_lora`` for ``lora_type="lora"``
+    and a list of targets; ``make_megatron_module``'s closure over ``self``): the worker does not import here."""
+
+    def __init__(self, lora) -> None:
+        import torch
+        from megatron.bridge.peft.lora import LoRA
+
+        self.lora_cls = LoRA(target_modules=list(lora.target_modules), dim=lora.rank, alpha=lora.alpha,
+                             dropout=lora.dropout, lora_A_init_method=lora.init_method, lora_B_init_method="zero",
+                             exclude_modules=list(lora.exclude_modules or []), lora_dtype=torch.float32,
+                             share_expert_adapters=lora.share_expert_adapters)
+
+    def hook(self):
+        def lora_pre_wrap_hook(model):
+            lora_model = self.lora_cls(model, training=True)
+            self.lora_cls.set_params_to_save(lora_model)
+            return lora_model
+
+        return lora_pre_wrap_hook
+
+
+def skyrl_build(checkpoint: Path, family: str, megatron_config, lora) -> list:
     """``init_configs`` -> ``make_megatron_module`` of SkyRL 0.4.0's MegatronWorker: the provider calls in its order
     (CPU settings first, where SkyRL sets the parallel sizes and MoE fields; no DDP, float32: the CPU harness)."""
     from megatron.bridge import AutoBridge
@@ -293,6 +320,8 @@ def skyrl_build(checkpoint: Path, family: str, megatron_config) -> list:
         provider.register_pre_wrap_hook(freeze_moe_router)
     if megatron_config.freeze_dsa_indexer:
         provider.register_pre_wrap_hook(freeze_dsa_indexer)
+    if lora.rank > 0:
+        provider.register_pre_wrap_hook(SkyRLLoRAHolder(lora).hook())
     return build_hf_chunks(family, provider)
 
 
@@ -319,10 +348,12 @@ def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_
     predicted = parts(run.settings.selection.trained_parts())
     assert predicted == c.trains and run.settings.family is not None and run.settings.family.name == c.build
     cfg = (SkyRLTrainConfig if c.layout == "rl" else SFTConfig).from_cli_overrides(list(overrides))
-    megatron_config = cfg.trainer.policy.megatron_config if c.layout == "rl" else cfg.megatron_config
-    chunks = skyrl_build(checkpoint, c.build, megatron_config)
+    policy = cfg.trainer.policy if c.layout == "rl" else cfg
+    chunks = skyrl_build(checkpoint, c.build, policy.megatron_config, policy.model.lora)
     every = names(chunks)
     expected = {n for n in every if any(PARTS[part](n) for part in predicted)}
+    if policy.model.lora.rank > 0:  # the parts predicted train at full rank, next to every adapter
+        expected |= {n for n in every if ".adapter." in n}
     if c.routers_frozen:
         expected -= {n for n in every if n.startswith("language_model.") and ".mlp.router." in n}
     assert expected and trainable(chunks) == expected
