@@ -121,7 +121,7 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
             f"none), and a run in that layout would ignore them. Drop the layout option (the layout is detected), "
             f"or remove them"
         )
-    others = [e for e in found.values() if e.layout is not layout]
+    others = [e for e in found.values() if e.layout.name != layout.name]
     reason = "forced with --layout" + (f" (the file agrees: {own.why()})" if own is not None else "")
     if others:
         reason += "; conflicting evidence, overruled: " + "; ".join(

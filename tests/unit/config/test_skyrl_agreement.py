@@ -244,6 +244,7 @@ def test_check_config_accepts_what_skyrls_loader_accepts(c, skyrl_as_released):
         assert c.says and re.search(c.says, str(result), re.S), result
     else:  # read as SkyRL 0.4.0 reads it, and said so
         assert "checked against the installed skyrl 0.4.0's config classes" in result.loaded.layout_reason
+        assert "conflicting evidence" not in result.loaded.layout_reason  # its own evidence is no conflict
     assert (c.skyrl_accepts == c.check_config_accepts) is (c.differs is None)
     if c.trains:
         assert parts(result.settings.selection.trained_parts()) == c.trains
