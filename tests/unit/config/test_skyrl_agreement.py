@@ -27,6 +27,7 @@ import yaml
 from _shared import QWEN3_PROJECTION, names, trainable
 
 from bridge_freeze_plugin.config import load_run
+from bridge_freeze_plugin.errors import ConfigLoadError, InvalidFreezeConfigError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "configs" / "skyrl"
 DUMPS = {"rl": FIXTURES / "rl_defaults.yaml", "sft": FIXTURES / "sft_defaults.yaml"}
@@ -259,7 +260,7 @@ def test_the_layout_is_read_as_skyrl_reads_it_from_the_committed_listing(monkeyp
     run = load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_dsa_indexer=true", *PROJECTION_ONLY])
     assert parts(run.validate().trained_parts()) == {"vision_projection"}
     assert f"{P}.freeze_dsa_indexer" in {o.key for o in run.settings.own_freeze}
-    with pytest.raises(Exception, match=r"Invalid fields \{'freeze_vision_model'\} for MegatronConfig.*"
+    with pytest.raises(InvalidFreezeConfigError, match=r"Invalid fields \{'freeze_vision_model'\} for MegatronConfig.*"
                                         rf"{K}\.freeze_vision_model"):
         load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_vision_model=true"])
 
@@ -358,3 +359,17 @@ def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_
     if c.routers_frozen:
         expected -= {n for n in every if n.startswith("language_model.") and ".mlp.router." in n}
     assert expected and trainable(chunks) == expected
+
+
+def test_an_enum_tag_is_read_only_as_a_member_of_a_skyrl_enum(tmp_path, monkeypatch):
+    """SkyRL's dump writes TrainOnWhat as a Python tag over its value: read as the value (the committed listing knows
+    the enum and its members); a value that is no member, or a tag naming anything else, is refused, never built."""
+    monkeypatch.setenv("BRIDGE_FREEZE_SKYRL_FIELDS", str(LISTING))
+    text = DUMPS["sft"].read_text(encoding="utf-8")
+    assert "train_on_what: !!python/object/apply:skyrl.train.config.sft_config.TrainOnWhat" in text
+    assert load_run(DUMPS["sft"], layout="sft").loaded.cfg.train_on_what == "last_assistant_message"
+    for bad in ("- no_such_value", "- all_assistant_messages\n- extra"):
+        path = tmp_path / "sft.yaml"
+        path.write_text(text.replace("- last_assistant_message", bad), encoding="utf-8")
+        with pytest.raises(ConfigLoadError, match=r"is not valid YAML.*read only as a value of an enum of SkyRL"):
+            load_run(path, layout="sft")
