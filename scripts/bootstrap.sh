@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV="${BRIDGE_FREEZE_VENV:-.venv}"
 # Two stamps: the dependencies (a rebuild of the venv when they change) and the project's own packaging
 # (only a re-install of the project, seconds, when pyproject.toml / setup.py / the .pth line change).
-REQS=(requirements/constraints.txt requirements/base.txt requirements/training.txt requirements/megatron.txt requirements/dev.txt scripts/bootstrap.sh)
+REQS=(requirements/constraints.txt requirements/base.txt requirements/training.txt requirements/megatron.txt requirements/dev.txt requirements/skyrl-tests.txt scripts/bootstrap.sh)
 PROJECT=(pyproject.toml setup.py bridge_freeze_plugin.pth)
 want="$(cat "${REQS[@]}" | sha256sum | cut -c1-16)"
 want_project="$(cat "${PROJECT[@]}" | sha256sum | cut -c1-16)"
@@ -63,6 +63,8 @@ CONSTRAINTS=(-c requirements/constraints.txt)
 # The full megatron-bridge / megatron-core dependency trees do not install without CUDA; what they
 # import for building and training models is in base.txt. See docs/development.md.
 "${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps -r requirements/megatron.txt
+# SkyRL's release for the tests that check check-config against its own config loader (see the file).
+"${PIP[@]}" install "${CONSTRAINTS[@]}" --no-deps -r requirements/skyrl-tests.txt
 install_project
 echo "$want" > "$stamp"
 echo "bootstrap: $VENV ready" >&2

@@ -4,6 +4,9 @@
 - :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
 - :mod:`._source`: the effective config and the layout it is read with;
 - :mod:`._layouts`: each trainer's layout as data (SFT, RL, Bridge, NeMo-RL);
+- :mod:`._skyrl_fields`, :mod:`._skyrl`: SkyRL's config classes (installed, else a committed listing), what its
+  loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
+- :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
 - :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source;
 - :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
 - :mod:`._rules`: the freeze rules over those settings;

@@ -155,6 +155,9 @@ class Layout:
     resolvers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     #: ``key=value`` must name a key the config has (Hydra's struct mode: ``+key=value`` adds)
     strict_overrides: bool = False
+    #: SkyRL's layout: its root class in SkyRL's field listing (``config._skyrl_fields``), the config checked as
+    #: SkyRL's loader checks it and read as its Megatron worker reads it (``config._skyrl.adapt``)
+    skyrl: str | None = None
 
     def key(self, setting: str) -> str:
         """The dotted key of a plugin key (a flag or a pattern key) in this layout."""
@@ -280,6 +283,7 @@ SFT = Layout(
         "megatron_config.transformer_config_kwargs.recompute_granularity": "full",
     },
     decides=(Marker(("strategy",)), Marker(("megatron_config",))),
+    skyrl="sft",
     hints=(Marker(("model.path",)), Marker(("model.lora",)), Marker(("model.language_model_only",))),
 )
 
@@ -320,6 +324,7 @@ RL = Layout(
     decides=(Marker(("trainer",)),),
     hints=(Marker(("generator",)),),
     syncs_weights=True,
+    skyrl="rl",
 )
 
 #: Bridge's LoRA class with its own three freeze switches (``peft.freeze_*``).

@@ -707,6 +707,10 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
     source = source or (lambda key: IN_CONFIG)
     if not isinstance(cfg, (DictConfig, Mapping)):
         raise TypeError(f"expected an OmegaConf DictConfig or a mapping, got {type(cfg).__name__}")
+    if layout.skyrl is not None:  # SkyRL's layout given in code: checked and read as the SkyRL here reads it
+        from bridge_freeze_plugin.config._skyrl import adapt
+
+        layout, _ = adapt(cfg, layout)
     with resolvers(layout):
         return _read(cfg, layout, source)
 

@@ -17,6 +17,7 @@ from bridge_freeze_plugin.config import _layouts as layouts
 from bridge_freeze_plugin.config._compose import compose
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import IN_CONFIG, resolvers, unread_freeze_keys
+from bridge_freeze_plugin.config._skyrl import adapt
 from bridge_freeze_plugin.config._yaml_overrides import (
     BLOCKED,
     FOUND,
@@ -97,7 +98,7 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
     assert isinstance(top, dict)
     if forced is None:
         layout, why = layouts.detect(top, _what(loaded))
-        return layout, f"detected: {why}"
+        return _as_skyrl_reads(loaded, layout, f"detected: {why}")
     layout = layouts.get(forced)
     found = layouts.evidence(top)
     own = found.get(layout.name)
@@ -109,6 +110,7 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
             f"layout asked for; the {layout.title} keys ({layout.flags}...) would read nothing. Drop the layout "
             f"option (it is detected), or give a {layout.title} config"
         )
+    layout, checked = adapt(loaded.cfg, layout, loaded.overrides)
     with resolvers(layout):
         unread = unread_freeze_keys(loaded.cfg, layout)
     if unread:
@@ -119,12 +121,18 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
             f"none), and a run in that layout would ignore them. Drop the layout option (the layout is detected), "
             f"or remove them"
         )
-    others = [e for e in found.values() if e.layout is not layout]
+    others = [e for e in found.values() if e.layout.name != layout.name]
     reason = "forced with --layout" + (f" (the file agrees: {own.why()})" if own is not None else "")
     if others:
         reason += "; conflicting evidence, overruled: " + "; ".join(
             f"{e.why()} suggests the {e.layout.title} layout" for e in others)
-    return layout, reason
+    return layout, reason if checked is None else f"{reason}; {checked}"
+
+
+def _as_skyrl_reads(loaded: LoadedConfig, layout: Layout, reason: str) -> tuple[Layout, str]:
+    """A SkyRL layout as the SkyRL here reads the config (its loader's refusals raise: :func:`._skyrl.adapt`)."""
+    adapted, checked = adapt(loaded.cfg, layout, loaded.overrides)
+    return adapted, reason if checked is None else f"{reason}; {checked}"
 
 
 def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConfig:

@@ -22,6 +22,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bridge_freeze_plugin.config import _yaml_tags as enum_tags
 from bridge_freeze_plugin.errors import ConfigLoadError
 
 #: How deep a config may nest (mappings and lists). Real training configs nest under ten levels; OmegaConf
@@ -339,7 +340,7 @@ def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
         raise ConfigLoadError(f"cannot read {shown_path}: {brief(exc)}") from exc
     check_yaml(text, shown_path)
     try:
-        data = yaml.safe_load(text)
+        data = enum_tags.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigLoadError(f"{shown_path} is not valid YAML: {brief(exc)}") from exc
     if data is None:
@@ -374,7 +375,7 @@ def _load_as_omegaconf(text: str) -> Any:
     loader = getattr(module, "get_yaml_loader", None)
     if loader is None:  # an OmegaConf without it: its own reading of the text
         return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    return yaml.load(text, Loader=loader())  # OmegaConf's loader is a SafeLoader subclass
+    return yaml.load(text, Loader=enum_tags.with_enum_values(loader()))  # OmegaConf's: a SafeLoader subclass
 
 
 def _omegaconf_values(value: Any) -> Any:

@@ -56,14 +56,18 @@ def _candidates(hook: Any) -> Iterator[Any]:
 
 
 def find_peft(hook: Any) -> Any | None:
-    """The PEFT object a pre-wrap hook applies (the object itself, or Bridge's ``setup()`` hook's ``cfg.peft``)."""
+    """The PEFT object a pre-wrap hook applies: the object itself, Bridge's ``setup()`` hook's ``cfg.peft``, or one
+    held by an object the hook closes over (SkyRL's worker: its LoRA hook calls ``self.lora_cls(model)``)."""
+    held = []
     for obj in _candidates(hook):
         if _is_peft(obj):
             return obj
         nested = getattr(obj, "peft", None)
         if _is_peft(nested):
             return nested
-    return None
+        if obj is not hook and not isinstance(obj, type) and isinstance(getattr(obj, "__dict__", None), dict):
+            held += [value for value in vars(obj).values() if _is_peft(value)]
+    return held[0] if len(held) == 1 else None
 
 
 def full_rank(classifier: Classifier, context: BuildContext) -> dict[int, tuple[str, Any]]:
