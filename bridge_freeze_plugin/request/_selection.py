@@ -187,11 +187,18 @@ class FreezeSelection:
         """Read the flags and patterns off a provider (or any object); a missing attribute means ``False`` / none.
 
         A Bridge field that means one of the flags (an alias, e.g. ``freeze_sound_encoder``) set ``True`` freezes
-        that part too.
+        that part too; like the flags, it must be a real ``bool`` (``1`` or ``"yes"`` is refused: Bridge's own
+        freeze would read it as true, so ignoring it would train what Bridge alone freezes).
         """
         values = {name: getattr(obj, name, False) for name in FLAGS}
         for alias, flag in ALIASES.items():
-            if values[flag] is False and getattr(obj, alias, False) is True:
+            value = getattr(obj, alias, False)
+            if not isinstance(value, bool):
+                raise FreezeFlagTypeError(
+                    f"{type(obj).__name__}: {alias} (Bridge's name of {flag}) must be a bool (true/false), got "
+                    f"{value!r} of type {type_name(value)}; set it to True or False{_hint(value)}"
+                )
+            if value and values[flag] is False:
                 values[flag] = True
         values.update({key: getattr(obj, key, None) for key in PATTERN_KEYS})
         try:

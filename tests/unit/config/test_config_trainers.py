@@ -104,6 +104,18 @@ def test_bridges_name_of_an_audio_flag_is_read_as_that_flag(alias, flag):
     assert f"model.{alias}=true and model.{flag}=false disagree" in str(err.value)
 
 
+@pytest.mark.parametrize("value", ["1", "0", "null", "'yes'"])
+@pytest.mark.parametrize(("path", "section"), [(BRIDGE_FILE, "model"), (SFT_FILE, "megatron_config"),
+                                               (RL_FILE, POLICY)])
+@pytest.mark.parametrize("alias", sorted(ALIAS_FIELDS))
+def test_bridges_name_of_an_audio_flag_that_is_not_a_boolean_is_refused(alias, path, section, value):
+    """Issue 37 item 4, check-config's side: an alias is a flag, so a non-boolean is refused like the flags."""
+    extra = ["trainer.strategy=megatron"] if path == RL_FILE else []
+    with pytest.raises(bfp.FreezeFlagTypeError) as err:
+        load_run(path, [f"{section}.{alias}={value}", *extra], family="nemotron_omni").validate()
+    assert f"{section}.{alias} must be a boolean (true or false)" in str(err.value)
+
+
 @pytest.mark.parametrize(("path", "section"), [(SFT_FILE, "megatron_config"), (RL_FILE, POLICY)])
 def test_an_audio_flag_is_a_flag_in_every_trainers_section_and_refused_on_a_model_without_audio(path, section):
     """The audio flags live where the other flags live; a VLM without an audio side refuses one set true."""

@@ -232,6 +232,32 @@ def test_bridges_sound_field_on_the_omni_provider_is_the_plugins_audio_flag(cpu_
     assert _frozen(chunk) == {n for n in names if n.startswith(PARTS[OMNI][plugin_flag])}
 
 
+#: Bridge's provider fields that are its own names of the plugin's flags (read off Bridge's providers: only
+#: NemotronOmniModelProvider declares any; tests/unit/config/test_config_trainers.py checks Bridge's source).
+BRIDGE_ALIASES = {"freeze_sound_encoder": "freeze_audio_model", "freeze_sound_projection": "freeze_audio_projection"}
+
+
+def test_every_alias_the_plugin_reads_is_tested_here():
+    from bridge_freeze_plugin.request import ALIASES
+
+    assert ALIASES == BRIDGE_ALIASES
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0, None], ids=repr)
+@pytest.mark.parametrize("alias", sorted(BRIDGE_ALIASES))
+def test_bridges_sound_field_that_is_not_a_bool_is_refused_before_the_build(cpu_bridge, alias, value):
+    """Issue 37 item 4: ``freeze_sound_encoder=1`` was ignored (the encoder trained; Bridge alone freezes it). Like
+    the plugin's own flags, an alias must be a real bool: refused when the selection is read, so before any build."""
+    provider = make_provider(OMNI, **{alias: value})
+    with pytest.raises(bfp.FreezeFlagTypeError) as err:
+        FreezeSelection.from_object(provider)
+    message = str(err.value)
+    assert f"{alias} (Bridge's name of {BRIDGE_ALIASES[alias]}) must be a bool" in message
+    assert f"got {value!r} of type {type(value).__name__}" in message and "NemotronOmniModelProvider" in message
+    with pytest.raises(bfp.FreezeFlagTypeError, match=alias):
+        build_tiny_chunks(OMNI, provider=provider)
+
+
 def test_an_audio_flag_on_an_omni_built_without_sound_is_refused_before_training(cpu_bridge):
     """``has_sound=False`` (a checkpoint without ``sound_config``): Bridge builds no sound module at all."""
     provider = make_provider(OMNI, has_sound=False, freeze_audio_model=True)
