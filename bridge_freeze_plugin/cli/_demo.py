@@ -221,9 +221,10 @@ def run(args: argparse.Namespace) -> int:
             f"the demo needs torch and megatron-bridge ({exc}); run it through 'make demo', which sets them up"
         ) from exc
 
-    selection = with_patterns(selection_from(args, projection_only(args.model)), args)
+    default = projection_only(args.model)
+    selection = with_patterns(selection_from(args, default), args)
     _check_request(args.model, selection, args.lora_rank)
-    rates = part_learning_rates(args, selection)
+    rates = part_learning_rates(args, selection, _family_parts(args.model), default, args.model)
     check_lora_options(args)
     workdir, temporary = _workdir(args)
     keep = args.keep or not temporary

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from bridge_freeze_plugin.errors import CommandError
-from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection, Part, check_lora_targets
+from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection, Part, PartInfo, check_lora_targets
 
 LR_OPTIONS = {part.value: INFO[part].lr_key for part in SELECTABLE_PARTS}
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -110,17 +110,58 @@ def make_lora(args: argparse.Namespace) -> Any | None:
     return lora
 
 
-def part_learning_rates(args: argparse.Namespace, selection: FreezeSelection) -> dict[str, float]:
+def part_learning_rates(args: argparse.Namespace, selection: FreezeSelection, parts: Iterable[Part] | None = None,
+                        default: FreezeSelection | None = None, model: str = "this model") -> dict[str, float]:
     """part -> LR for the parts given one; an LR for a part that will not train is refused: frozen by its flag
-    and reached by no --train pattern (one that reaches it trains part of it)."""
+    and reached by no --train pattern (one that reaches it trains part of it), or a part ``model`` lacks (``parts``:
+    its parts). ``default``: the selection the command uses when no --freeze-* flag is given (the demo's), which
+    the message names when it is what freezes the part."""
     rates = {part: getattr(args, key) for part, key in LR_OPTIONS.items() if getattr(args, key, None) is not None}
+    if parts is not None:
+        _refuse_absent_parts(rates, tuple(parts), model)
     untrained = {p.value for p in selection.untrained_parts()}
-    refused = sorted(set(rates) & untrained)
+    refused = [part for part in rates if part in untrained]
     if refused:
-        option = refused[0].replace("_", "-")
+        info = INFO[Part(refused[0])]
         patterns = " and no --train pattern reaches it" if selection.train_patterns else ""
+        if default is not None and not _flags_given(args):
+            raise CommandError(_frozen_by_default(info, default, parts, patterns))
         raise CommandError(
-            f"--lr-{option} is given, but --freeze-{option} freezes that part{patterns}: its learning rate would "
+            f"{info.lr_option} is given, but {info.option} freezes that part{patterns}: its learning rate would "
             f"never apply. Drop one of the two"
         )
     return rates
+
+
+def _flags_given(args: argparse.Namespace) -> bool:
+    """A --freeze-* flag or --train-all is given: the selection is the user's, not the command's default."""
+    return getattr(args, "train_all", False) or any(getattr(args, INFO[p].flag, False) for p in SELECTABLE_PARTS)
+
+
+def _frozen_by_default(info: PartInfo, default: FreezeSelection, parts: Iterable[Part] | None, patterns: str) -> str:
+    """The message for an LR of a part the default selection (no --freeze-* flag given) freezes: it names the
+    default as the flags that spell it, and how to choose a selection that trains the part."""
+    parts = default.parts_of(parts)
+    frozen = [INFO[p].option for p in parts if getattr(default, INFO[p].flag)]
+    keep = [option for option in frozen if option != info.option]
+    instead = (f"e.g. {' '.join(keep)} (the default without {info.option}) trains the {info.label}, or " if keep
+               else "e.g. ")
+    return (
+        f"{info.lr_option} is given, but no --freeze-* flag is, so the demo's default selection applies "
+        f"({default.describe(parts)}: {' '.join(frozen)}), which freezes the {info.label}{patterns}: its learning rate "
+        f"would never apply. Choose the selection with the --freeze-* flags (any one given replaces the whole "
+        f"default; this model's: {', '.join(INFO[p].option for p in parts)}): {instead}--train-all trains every "
+        f"part. Or drop {info.lr_option}"
+    )
+
+
+def _refuse_absent_parts(rates: dict[str, float], parts: tuple[Part, ...], model: str) -> None:
+    """An LR for a part the model does not have would never apply: refused, naming the options of its own parts."""
+    absent = [INFO[Part(p)] for p in rates if Part(p) not in parts]
+    if absent:
+        raise CommandError(
+            f"{', '.join(i.lr_option for i in absent)} {'is' if len(absent) == 1 else 'are'} given, but {model} has "
+            f"no {' and '.join(i.label for i in absent)} (its parts: {', '.join(INFO[p].label for p in parts)}): "
+            f"the learning rate would never apply. Its per-part learning rates: "
+            f"{', '.join(INFO[p].lr_option for p in parts)}"
+        )
