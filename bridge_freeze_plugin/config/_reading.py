@@ -697,8 +697,10 @@ def _has(cfg: Any, key: str) -> bool:
     return key in cfg if isinstance(cfg, DictConfig | Mapping) else False
 
 
-def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> RunSettings:
-    """Every value the rules read from ``cfg`` in ``layout``; ``source(key)`` says where a key's value came from.
+def read_settings(cfg: Any, layout: Layout, source: Source | None = None,
+                  family: FamilySpec | None = None) -> RunSettings:
+    """Every value the rules read from ``cfg`` in ``layout``; ``source(key)`` says where a key's value came from;
+    ``family``: the model's, when known (a learning-rate key that names no part is answered from its parts).
 
     Raises at once for a flag that is not a boolean or an unknown freeze key (policy or reference model), and
     for a flag, pattern or learning rate written where this layout's runs never read it; a malformed
@@ -712,10 +714,10 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None) -> Run
 
         layout, _ = adapt(cfg, layout)
     with resolvers(layout):
-        return _read(cfg, layout, source)
+        return _read(cfg, layout, source, family)
 
 
-def _read(cfg: Any, layout: Layout, source: Source) -> RunSettings:
+def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = None) -> RunSettings:
     if layout.resolves_whole_config:
         _resolve_all(cfg, layout)
     misplaced = misplaced_keys(cfg, layout)
@@ -742,7 +744,9 @@ def _read(cfg: Any, layout: Layout, source: Source) -> RunSettings:
     # override provider; checked as they are read.
     learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, sections[layout.flags]),
                                               where=layout.lr_section, frozen=selection.untrained_parts(),
-                                              lora=lora.enabled, flags_where=layout.flags)
+                                              lora=lora.enabled, flags_where=layout.flags,
+                                              parts=None if family is None else family.part_names(),
+                                              model="the model" if family is None else f"the {family.name} model")
     return RunSettings(
         layout=layout.name,
         selection=selection,

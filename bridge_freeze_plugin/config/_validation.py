@@ -31,7 +31,7 @@ from bridge_freeze_plugin.config._reading import (
     with_provider_defaults,
 )
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
-from bridge_freeze_plugin.families import REGISTRY, FamilySpec
+from bridge_freeze_plugin.families import REGISTRY, FamilySpec, family_for_provider
 from bridge_freeze_plugin.request import FreezeSelection
 
 __all__ = [
@@ -103,6 +103,15 @@ def _with_family(settings: RunSettings, cfg: Any, layout: Layout, provider: Any,
     """``settings`` with the family: ``provider``, else ``family``, else the model path, else ``_target_``."""
     if provider is not None:
         return replace(settings, provider=provider, family_source="the provider given")
+    target = None if settings.provider_target is None else settings.provider_target.value
+    resolved, source = _family_of(cfg, layout, family, target)
+    settings = with_provider_defaults(settings, cfg, layout, resolved)
+    return replace(settings, family=resolved, family_source=source)
+
+
+def _family_of(cfg: Any, layout: Layout, family: FamilySpec | str | None,
+               target: str | None) -> tuple[FamilySpec | None, str | None]:
+    """The family and how it was found: ``family``, else the model path, else ``target`` (the provider class)."""
     resolved, source = _family_arg(family), "named by the caller"
     if resolved is None and layout.model_path is not None:
         model_path = select(cfg, layout.model_path)
@@ -112,15 +121,26 @@ def _with_family(settings: RunSettings, cfg: Any, layout: Layout, provider: Any,
             resolved = family_from_name(model_path)
             source = (f"{layout.model_path}={model_path}: a guess from the name (no local config.json to read; "
                       "--family NAME to be sure)")
-    if resolved is None and settings.provider_target is not None:
-        resolved = family_from_target(settings.provider_target.value)
+    if resolved is None and target is not None:
+        resolved = family_from_target(target)
         source = f"{layout.provider_target} (the provider class)"
-    settings = with_provider_defaults(settings, cfg, layout, resolved)
-    return replace(settings, family=resolved, family_source=source if resolved is not None else None)
+    return resolved, source if resolved is not None else None
+
+
+def _known_family(cfg: Any, layout: Layout, provider: Any, family: FamilySpec | str | None) -> FamilySpec | None:
+    """The family as far as it is known before the settings are read, for their messages (a learning-rate key
+    that names no part is answered from the model's own parts); :func:`_with_family` decides it for the rules."""
+    if provider is not None:
+        return family_for_provider(provider)
+    try:
+        target = select(cfg, layout.provider_target) if layout.provider_target else None
+    except Exception:  # noqa: BLE001 - a malformed target is reported by read_settings; here it only names no family
+        target = None
+    return _family_of(cfg, layout, family, None if target is None else str(target))[0]
 
 
 def _validate_layout(cfg: Any, layout: Layout, *, provider: Any, family: FamilySpec | str | None) -> FreezeSelection:
-    settings = read_settings(cfg, layout)
+    settings = read_settings(cfg, layout, family=_known_family(cfg, layout, provider, family))
     return rules.check(_with_family(settings, cfg, layout, provider, family))
 
 
@@ -203,5 +223,5 @@ def load_run(
     loaded = load(path, overrides)
     chosen, reason = choose_layout(loaded, layout)
     loaded = with_layout(loaded, chosen, reason)
-    settings = read_settings(loaded.cfg, chosen, loaded.source)
+    settings = read_settings(loaded.cfg, chosen, loaded.source, _known_family(loaded.cfg, chosen, None, family))
     return ConfigRun(loaded, _with_family(settings, loaded.cfg, chosen, None, family))

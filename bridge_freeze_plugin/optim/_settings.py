@@ -5,6 +5,8 @@ Keys (under ``megatron_config`` in the SFT and RL layouts; every one optional)::
     lr_language_model      min_lr_language_model
     lr_vision_model        min_lr_vision_model
     lr_vision_projection   min_lr_vision_projection
+    lr_audio_model         min_lr_audio_model
+    lr_audio_projection    min_lr_audio_projection
     lr_adapters            min_lr_adapters          (LoRA's adapters, every part's)
 
 Unset means the global schedule. A set ``lr_<part>`` without ``min_lr_<part>`` keeps the global
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
-from bridge_freeze_plugin.request import SELECTABLE_PARTS, Part, type_name
+from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, VOCABULARY, Part, type_name
 
 #: The LR "part" of LoRA's adapters (parameters a PEFT hook added; they carry no part of their own).
 ADAPTERS = "adapters"
@@ -107,16 +109,38 @@ def _number(value: Any, key: str) -> float:
 _LR_SHAPE = re.compile(r"^(min[_-]?)?(lr|learning[_-]?rate)[_-]|[_-](lr|learning[_-]?rate)$", re.IGNORECASE)
 #: The same in camelCase (``lrVision``, ``minLrVision``, ``visionLr``, ``learningRateLlm``).
 _LR_CAMEL = re.compile(r"^(min_?)?(lr|Lr|LR|learningRate|LearningRate)[A-Z0-9]|[a-z0-9](Lr|LR|LearningRate)$")
-#: Words users write for a part (after ``lr_``), and the part they mean.
-_PART_WORDS: dict[str, str] = {
-    **dict.fromkeys(("vision", "visual", "vit", "vision_encoder", "vision_tower", "image_encoder", "encoder",
-                     "vision_model", "vision_models", "visual_encoder"), "vision_model"),
-    **dict.fromkeys(("projector", "projection", "proj", "mm_projector", "merger", "connector", "vision_proj",
-                     "multi_modal_projector", "mlp_projector", "vision_projector", "vision_projection"),
-                    "vision_projection"),
-    **dict.fromkeys(("llm", "lm", "language", "text", "decoder", "backbone", "language_model", "text_model"),
-                    "language_model"),
-    **dict.fromkeys(("lora", "adapter", "adapters", "peft", "lora_adapters"), ADAPTERS),
+#: The parts of each role, from the vocabulary: the projections, and the encoders (a part other than the language
+#: model that holds linear layers).
+_PROJECTIONS = tuple(info.name for info in VOCABULARY if info.projection)
+_ENCODERS = tuple(info.name for info in VOCABULARY if info.linear and info.optional)
+
+
+def _vocabulary_words() -> dict[str, tuple[str, ...]]:
+    """Each part's own words: its name, its label (``vision_encoder``), its first word for an encoder
+    (``audio``), and Bridge's names of its flag (``sound_encoder``)."""
+    words: dict[str, tuple[str, ...]] = {}
+    for info in VOCABULARY:
+        own = [info.name, info.label.replace(" ", "_"), *(a.removeprefix("freeze_") for a in info.aliases)]
+        if info.name in _ENCODERS:
+            own.append(info.name.split("_")[0])
+        words.update(dict.fromkeys(own, (info.name,)))
+    return words
+
+
+#: Words users write for a part (after ``lr_``), and the parts they may mean, most likely first: the guess is the
+#: first of them the model has (``projection`` is the vision projection of a VLM, the audio one of Qwen2-Audio).
+_PART_WORDS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("visual", "vit", "vision_tower", "image_encoder", "vision_models", "visual_encoder"),
+                    ("vision_model",)),
+    **dict.fromkeys(("merger", "vision_proj", "vision_projector"), ("vision_projection",)),
+    **dict.fromkeys(("sound", "speech", "audio_tower", "speech_encoder", "whisper"), ("audio_model",)),
+    **dict.fromkeys(("audio_proj", "audio_projector", "sound_proj", "sound_projector"), ("audio_projection",)),
+    **dict.fromkeys(("encoder", "tower"), _ENCODERS),
+    **dict.fromkeys(("projector", "projection", "proj", "mm_projector", "connector", "multi_modal_projector",
+                     "mlp_projector"), _PROJECTIONS),
+    **dict.fromkeys(("llm", "lm", "language", "text", "decoder", "backbone", "text_model"), ("language_model",)),
+    **dict.fromkeys(("lora", "adapter", "adapters", "peft", "lora_adapters"), (ADAPTERS,)),
+    **_vocabulary_words(),
 }
 _FILLER = frozenset({"lr", "min", "learning", "rate", "max", "peak"})
 
@@ -138,34 +162,72 @@ def looks_like_lr_key(key: object) -> bool:
         key in LR_KEYS or _LR_SHAPE.search(key) is not None or _LR_CAMEL.search(key) is not None)
 
 
-def suggest_lr_key(key: str) -> str | None:
-    """The per-part learning-rate key ``key`` most likely means (``lr_llm`` -> ``lr_language_model``), if any."""
+def _lr_parts(parts: Iterable[str | Part] | None) -> tuple[str, ...]:
+    """The LR parts of a model with ``parts`` (``None``: every part), adapters included, in vocabulary order."""
+    if parts is None:
+        return LR_PARTS
+    names = {str(p) for p in parts}  # a Part is its name
+    return (*(p for p in LR_PARTS if p in names), ADAPTERS)
+
+
+def _keys(parts: Iterable[str]) -> list[str]:
+    return [f"{kind}_{part}" for part in parts for kind in ("lr", "min_lr")]
+
+
+def _meaning(key: str, available: tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:
+    """``(kind, parts it may mean)`` for a key written with a part's word (``lr_llm``, ``visionLr``), if any."""
     low = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower().replace("-", "_")
-    if low in LR_KEYS:
-        return low
     tokens = [t for t in low.split("_") if t]
     kind = "min_lr" if "min" in tokens else "lr"
     words = "_".join(t for t in tokens if t not in _FILLER)
-    part = _PART_WORDS.get(words)
-    if part is None and words:
-        close = difflib.get_close_matches(words, [*LR_PARTS, *_PART_WORDS], n=1, cutoff=0.75)
-        part = _PART_WORDS.get(close[0], close[0]) if close else None
-    if part is not None:
-        return f"{kind}_{part}"
-    close = difflib.get_close_matches(low, LR_KEYS, n=1, cutoff=0.6)
+    if not words:
+        return None
+    if words in _PART_WORDS:
+        return kind, _PART_WORDS[words]
+    known = [*available, *(w for w, meant in _PART_WORDS.items() if set(meant) & set(available))]
+    close = difflib.get_close_matches(words, known, n=1, cutoff=0.75)
+    return (kind, _PART_WORDS.get(close[0], (close[0],))) if close else None
+
+
+def suggest_lr_key(key: str, parts: Iterable[str | Part] | None = None) -> str | None:
+    """The per-part learning-rate key ``key`` most likely means (``lr_llm`` -> ``lr_language_model``), if any, of
+    a model with ``parts`` (``None``: any part): never a key of a part the model does not have."""
+    available = _lr_parts(parts)
+    low = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower().replace("-", "_")
+    if low in _keys(available):
+        return low
+    meant = _meaning(key, available)
+    if meant is not None:
+        part = next((p for p in meant[1] if p in available), None)
+        return None if part is None else f"{meant[0]}_{part}"
+    close = difflib.get_close_matches(low, _keys(available), n=1, cutoff=0.6)
     return close[0] if close else None
 
 
-def _unknown_keys(section: Mapping[str, Any], prefix: str) -> None:
-    """Every key shaped like a learning rate that names no part is refused (it would be ignored), with a guess."""
+def _absent_part(key: str, available: tuple[str, ...]) -> str | None:
+    """The part ``key`` names when it is one the model does not have (``lr_audio`` on a VLM), else ``None``."""
+    meant = _meaning(key, available)
+    if meant is None or any(p in available for p in meant[1]):
+        return None
+    return " or ".join(INFO[Part(p)].label for p in meant[1] if p != ADAPTERS) or None
+
+
+def _unknown_keys(section: Mapping[str, Any], prefix: str, parts: Iterable[str | Part] | None = None,
+                  model: str = "the model") -> None:
+    """Every key shaped like a learning rate that names no part is refused (it would be ignored), with a guess
+    among the keys of the model's own ``parts`` (``None``: every part)."""
+    available = _lr_parts(parts)
     problems = []
     for key in section:
         if not looks_like_lr_key(key) or key in LR_KEYS:
             continue
-        guess = suggest_lr_key(str(key))
-        hint = f"did you mean {prefix}{guess}? " if guess else ""
+        guess = suggest_lr_key(str(key), available)
+        absent = None if guess else _absent_part(str(key), available)
+        hint = (f"did you mean {prefix}{guess}? " if guess else
+                f"it would be the {absent}, which {model} does not have. " if absent else "")
         problems.append(f"{prefix}{key} is not a per-part learning rate key (it names no part, so it would be "
-                        f"ignored): {hint}The keys are {', '.join(LR_KEYS)}")
+                        f"ignored): {hint}The keys{'' if parts is None else f' of {model}'} are "
+                        f"{', '.join(_keys(available))}")
     if len(problems) == 1:
         raise PartLearningRateError(problems[0])
     if problems:
@@ -201,6 +263,8 @@ def read_part_learning_rates(
     frozen: Iterable[str | Part] = (),
     lora: bool | None = None,
     flags_where: str | None = None,
+    parts: Iterable[str | Part] | None = None,
+    model: str = "the model",
 ) -> PartLearningRates:
     """Read and check the per-part learning rates of one config section (e.g. ``megatron_config``).
 
@@ -210,6 +274,8 @@ def read_part_learning_rates(
     train); an LR for one of them is an error naming it.
     ``lora``: whether LoRA is on (``None``: unknown, not checked); ``lr_adapters`` without LoRA is an error.
     ``flags_where``: the section holding the freeze flags, when it is not ``where`` (Bridge: ``model``).
+    ``parts``: the parts of the model (its family's; ``None``: unknown), ``model`` how to name it: a key that names
+    no part is answered from the model's own parts (never "did you mean" a part it does not have).
     Raises :class:`~bridge_freeze_plugin.errors.PartLearningRateError` (an ``InvalidFreezeConfigError``)
     naming the key: a value that is not a number (``True``, ``"1e-4"``, ``None`` for a minimum alone), a
     negative or non-finite one, a minimum above its peak or without a peak, a key shaped like a learning rate
@@ -217,7 +283,7 @@ def read_part_learning_rates(
     """
     section = section or {}
     prefix = f"{where}." if where else ""
-    _unknown_keys(section, prefix)
+    _unknown_keys(section, prefix, parts, model)
     parts = tuple(p for p in (_part_lr(section, part, prefix) for part in LR_PARTS) if p is not None)
     frozen_names = {Part(p).value for p in frozen}
     flag_prefix = prefix if flags_where is None else (f"{flags_where}." if flags_where else "")
