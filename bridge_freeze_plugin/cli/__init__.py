@@ -26,6 +26,7 @@ from bridge_freeze_plugin.cli import _plan as plan
 from bridge_freeze_plugin.cli._common import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, Parser, logging_flags, one_line
 from bridge_freeze_plugin.cli._training_options import make_lora, part_learning_rates
 from bridge_freeze_plugin.errors import BridgeFreezeError
+from bridge_freeze_plugin.request import VOCABULARY, spoken
 
 __all__ = ["build_parser", "main", "make_lora", "part_learning_rates"]
 
@@ -35,7 +36,8 @@ _SUBCOMMANDS = (families, demo, plan, check_config)
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="bridge-freeze",
-        description="Choose which parts of a Megatron-Bridge VLM train (language model, vision encoder, projection).",
+        description=("Choose which parts of a Megatron-Bridge multimodal model train "
+                     f"({spoken((info.label for info in VOCABULARY), 'and')})."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  bridge-freeze families\n  bridge-freeze demo qwen3_vl --freeze-vision-model --steps 5",
     )

@@ -52,7 +52,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
     for part, key in LR_OPTIONS.items():
         group.add_argument(f"--{key.replace('_', '-')}", metavar="LR", type=_learning_rate, default=None,
-                           help=f"learning rate of the {part} (default: the global one; 0 keeps it unchanged)")
+                           help=f"learning rate of the {INFO[Part(part)].label} (default: the global one; 0 keeps "
+                                "it unchanged)")
     group.add_argument("--recompute", choices=["none", "full"], default="none",
                        help="full activation recompute (uniform, 1 layer per chunk); default none")
 

@@ -30,6 +30,7 @@ from bridge_freeze_plugin.request import (
     Part,
     asked_text,
     label,
+    spoken,
 )
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -95,13 +96,14 @@ def strategy_must_be_megatron(s: RunSettings) -> list[str]:
 
 
 def language_model_only_has_no_vision_part(s: RunSettings) -> list[str]:
-    """A language-model-only run has no vision encoder or projection to choose from."""
+    """A language-model-only run has none of the model's other parts (vision, audio) to choose from."""
     lmo = s.language_model_only
     if not (s.selection.any_set and lmo.value):
         return []
+    none_of = spoken(label(p) for p in s.parts if p is not Part.LANGUAGE_MODEL) or "other part"
     return [
         f"{asked(s)} cannot be combined with {lmo.written}: a language-model-only "
-        f"run has no vision encoder or projection to choose from. Unset the flag(s), or set {lmo.key}=false."
+        f"run has no {none_of} to choose from. Unset the flag(s), or set {lmo.key}=false."
     ]
 
 

@@ -1,4 +1,5 @@
-"""Per-part learning rates (language model, vision encoder, vision projection, LoRA adapters).
+"""Per-part learning rates (one per part of the vocabulary: language model, vision and audio encoders and
+projections; and LoRA adapters).
 
 - :mod:`._settings`: the config keys, read and checked (no torch): :func:`read_part_learning_rates`;
 - :mod:`._overrides`: megatron-core parameter-group overrides, checked before the build: :func:`part_lr_overrides`;

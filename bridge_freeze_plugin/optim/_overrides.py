@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim._settings import ADAPTERS, PartLearningRates
 from bridge_freeze_plugin.prewrap import PART_ATTR, chunk_state
+from bridge_freeze_plugin.request import Part, label
 
 if TYPE_CHECKING:
     from megatron.core.optimizer import OptimizerConfig
@@ -167,7 +168,7 @@ def _refuse_absent_parts(model: Any, rates: PartLearningRates) -> None:
         names = ", ".join(families)
         raise PartLearningRateError(
             f"{', '.join(f'lr_{n}' for n in absent)} set on a {names} model, which has no "
-            f"{' and '.join(n for n in absent)} (its parts: "
+            f"{' and '.join(label(Part(n)) for n in absent)} (its parts: "
             f"{'; '.join(f.describe_parts() for f in families.values())}): the learning rate would never apply; "
             f"remove {', '.join(f'lr_{n}' for n in absent)}")
 

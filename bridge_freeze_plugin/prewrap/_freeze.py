@@ -122,7 +122,7 @@ def _unclassified(located: list[str], context: BuildContext) -> UnclassifiedPara
         f"{context.provider_label or 'the model'}{f' ({context.model_name})' if context.model_name else ''}, but "
         f"{len(located)} parameter(s) fall under no prefix of family {context.family.name!r}, so the "
         f"plugin cannot tell which part they belong to: {shown}{more}. Add their module to the "
-        f"family's table (language_model / vision_model / vision_projection / other), or unset "
+        f"family's table ({' / '.join([*(p.value for p in context.family.part_names()), 'other'])}), or unset "
         f"the freeze flags."
     )
 

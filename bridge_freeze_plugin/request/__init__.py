@@ -22,6 +22,7 @@ from bridge_freeze_plugin.request._parts import (
     PartInfo,
     in_order,
     label,
+    spoken,
 )
 from bridge_freeze_plugin.request._patterns import (
     RULE,
@@ -71,6 +72,7 @@ __all__ = [
     "in_order",
     "label",
     "pattern_tuple",
+    "spoken",
     "summary_lines",
     "type_name",
     "use_family_source",

@@ -98,6 +98,12 @@ def label(part: Part) -> str:
     return INFO[part].label if part in INFO else "other modules"
 
 
+def spoken(words: Iterable[str], last: str = "or") -> str:
+    """``"a, b or c"``: a list as a sentence says it (messages that list parts build it from the parts)."""
+    items = list(words)
+    return f"{', '.join(items[:-1])} {last} {items[-1]}" if len(items) > 1 else "".join(items)
+
+
 def in_order(parts: Iterable[str]) -> tuple[Part, ...]:
     """``parts`` (parts or part names) in vocabulary order, ``other`` last; unknown names dropped."""
     wanted = {str(p) for p in parts}

@@ -29,7 +29,7 @@ from typing import Any
 import regex as regex_engine
 
 from bridge_freeze_plugin.errors import InvalidPatternError, UnmatchedPatternError
-from bridge_freeze_plugin.request._parts import FLAG_PARTS, SELECTABLE_PARTS, Part
+from bridge_freeze_plugin.request._parts import FLAG_PARTS, SELECTABLE_PARTS, Part, spoken
 from bridge_freeze_plugin.request._regex_safety import backtracking_risk
 
 TRAIN, FREEZE = "train", "freeze"
@@ -333,6 +333,11 @@ class PatternSummary:
     def unmatched(self) -> tuple[Pattern, ...]:
         return tuple(m.pattern for m in self.matches if not m.tensors)
 
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """The model's parts (those the summary lists a change for)."""
+        return tuple(c.part for c in self.changes)
+
     def change(self, part: Part) -> PartChange:
         return next((c for c in self.changes if c.part is part), PartChange(part))
 
@@ -437,9 +442,10 @@ def unmatched_error(summary: PatternSummary, where: str, suggestions: dict[str, 
         lines.append(f"{pattern.kind}_patterns entry '{pattern.text}' matches nothing{also}; nearest names: {near}")
     scope = "in the whole model (every pipeline stage and expert rank)" if model_wide else "in the model"
     unmatched = summary.unmatched()
+    parts = spoken(p.value for p in summary.parts) or "any part"
     return UnmatchedPatternError(
-        f"{where}: {len(unmatched)} pattern(s) match no parameter of language_model, vision_model or "
-        f"vision_projection {scope}: " + "; ".join(lines) + ". Patterns are regular expressions matched against "
+        f"{where}: {len(unmatched)} pattern(s) match no parameter of {parts} "
+        f"{scope}: " + "; ".join(lines) + ". Patterns are regular expressions matched against "
         "whole parameter or module names as 'bridge-freeze plan MODEL --json' lists them; fix or remove them.",
         [p.text for p in unmatched],
         suggestions,
