@@ -180,10 +180,11 @@ def _guard(original: Callable[..., Any]) -> Callable[..., Any]:
 def _left_to_bridge(provider: Any) -> bool:
     """A provider no family covers, whose set flags are all its class's OWN fields: Bridge's freeze honours them.
 
-    (Bridge's MIMO, Qwen-Omni, Qwen2-Audio and Qwen3-ASR providers declare ``freeze_language_model`` and
-    apply it in their own ``provide()``.) The plugin lets that run, and says so once per class on rank 0: its
-    own table, guarantee and report do not cover such a provider. A flag the class does not declare, or a
-    pattern, is refused as before (nothing in Bridge would honour it).
+    (Bridge's MIMO providers declare ``freeze_language_model``, and Nemotron Omni's abstract
+    ``NemotronVLModelProvider`` base the vision-language flags, and apply them in their own ``provide()``; the
+    Qwen Omni / Audio / ASR providers have families, so the plugin applies theirs.) The plugin lets that run, and
+    says so once per class on rank 0: its own table, guarantee and report do not cover such a provider. A flag the
+    class does not declare, or a pattern, is refused as before (nothing in Bridge would honour it).
     """
     selection = FreezeSelection.from_object(provider)
     if not selection.any_set or selection.patterns:
