@@ -14,7 +14,7 @@ import torch
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
 from bridge_freeze_plugin import FamilySpec, FreezeSelection, apply_selection
-from bridge_freeze_plugin.config._validation import load_run
+from bridge_freeze_plugin.config import load_run
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnclassifiedParameterError, UnmatchedPatternError
 
 #: family -> its parts, in the vocabulary's order (read off the Bridge model trees: tests/unit/_family_parts.py,
