@@ -101,9 +101,8 @@ def test_bare_interpreter_start_imports_nothing_heavy():
 
 def test_wheel_ships_the_autoload_line(tmp_path):
     """What a user installs: the wheel puts the .pth and its start-up module at the top of site-packages."""
-    import zipfile
-
     import shutil
+    import zipfile
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     # setuptools builds in the source tree (build/, *.egg-info): build a copy, so the checkout stays as it was
