@@ -27,6 +27,7 @@ from _shared import join_or_kill, start_forked
 
 ROUNDTRIP_FILE = Path(__file__).parents[1] / "integration" / "test_hf_roundtrip.py"
 EP_TIMEOUT_S = 300
+EP_CASES = ("patterns", "lora_merged", "lora_unmerged")
 
 
 def _roundtrip_cases() -> Any:
@@ -99,11 +100,18 @@ def test_lora_merged_and_unmerged(checkpoints):
     assert check_layouts(facts[False]) == {n for n in full[False] if QWEN3_PROJECTION.search(n)}
 
 
-def test_expert_parallel_2_over_gloo(tmp_path, checkpoints, bridge_forkserver):
+@pytest.fixture(scope="module")
+def ep2(tmp_path_factory, checkpoints, bridge_forkserver) -> dict[int, dict[str, Any]]:
+    """One EP2 run for the module: the receiver layouts, and SkyRL's source where SkyRL is installed."""
+    skyrl = importlib.util.find_spec("skyrl") is not None
+    return run_ep2(tmp_path_factory.mktemp("ep2"), checkpoints("qwen3_vl_moe"), bridge_forkserver, skyrl=skyrl)
+
+
+def test_expert_parallel_2_over_gloo(ep2):
     """Qwen3-VL-MoE, EP2: an expert that one rank holds trains (the fused HF expert tensor is sent from both),
     then LoRA merged and unmerged. Every rank gets the same layouts, and they are its streams'."""
-    ranks = run_ep2(tmp_path, checkpoints("qwen3_vl_moe"), bridge_forkserver, skyrl=False)
-    for case in ("patterns", "lora_merged", "lora_unmerged"):
+    ranks = ep2
+    for case in EP_CASES:
         names = [check_layouts(ranks[rank][case]) for rank in (0, 1)]
         assert ranks[0][case]["info"] == ranks[1][case]["info"]
         assert ranks[0][case]["info_everything"] == ranks[1][case]["info_everything"]
@@ -111,7 +119,7 @@ def test_expert_parallel_2_over_gloo(tmp_path, checkpoints, bridge_forkserver):
         assert names[0] == names[1] and names[0] != set(full)
     experts = {"model.language_model.layers.0.mlp.experts.gate_up_proj",
                "model.language_model.layers.1.mlp.experts.down_proj"}
-    full = {case: [name for name, _, _ in ranks[0][case]["full"]] for case in ranks[0]}
+    full = {case: [name for name, _, _ in ranks[0][case]["full"]] for case in EP_CASES}
     assert check_layouts(ranks[0]["patterns"]) == {n for n in full["patterns"] if QWEN3_PROJECTION.search(n)} | experts
     assert check_layouts(ranks[0]["lora_unmerged"]) == {
         n for n in full["lora_unmerged"] if QWEN3_PROJECTION.search(n)}
@@ -137,3 +145,13 @@ def run_ep2(out: Path, checkpoint: Path, forkserver: Any, *, skyrl: bool) -> dic
         ranks[rank] = json.loads(path.read_text())
         assert "traceback" not in ranks[rank], f"rank {rank}: {ranks[rank]['traceback']}"
     return ranks
+
+
+def test_skyrls_source_with_the_plugins_filter_under_expert_parallel_2(ep2):
+    """SkyRL's real MegatronWeightSource on each EP rank, with that rank's filter (the experts' Megatron names
+    differ between ranks): its metadata and stream are that rank's export_trainable_hf_weights."""
+    pytest.importorskip("skyrl", reason="SkyRL 0.4.0 is installed for the tests by requirements/skyrl-tests.txt")
+    for rank in (0, 1):
+        facts = ep2[rank]["skyrl"]
+        assert facts["metadata"] == facts["expected"] == ep2[rank]["patterns"]["sent"]
+        assert facts["streamed"] == facts["expected"] and facts["same_values"]
