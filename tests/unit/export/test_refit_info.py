@@ -107,6 +107,20 @@ def ep2(tmp_path_factory, checkpoints, bridge_forkserver) -> dict[int, dict[str,
     return run_ep2(tmp_path_factory.mktemp("ep2"), checkpoints("qwen3_vl_moe"), bridge_forkserver, skyrl=skyrl)
 
 
+def test_refusals_name_what_was_asked(checkpoints):
+    from bridge_freeze_plugin.errors import TrainableSyncError
+    from bridge_freeze_plugin.export import trainable_hf_weights_info, trainable_param_filter
+
+    bridge, chunks = build(checkpoints("qwen3_vl"), "qwen3_vl", **PROJECTION_ONLY)
+    with pytest.raises(TrainableSyncError, match=r"cpu=True.*leave cpu out"):
+        trainable_hf_weights_info(bridge, chunks, cpu=True)
+    # No tiny family has a parameter without a mapping (Bridge's None placeholder): one is added to the real list.
+    real = bridge.get_conversion_tasks
+    bridge.get_conversion_tasks = lambda model: [*real(model), None]
+    with pytest.raises(TrainableSyncError, match=r"placeholders \(None\).*no param_filter"):
+        trainable_param_filter(bridge, chunks)
+
+
 def test_expert_parallel_2_over_gloo(ep2):
     """Qwen3-VL-MoE, EP2: an expert that one rank holds trains (the fused HF expert tensor is sent from both),
     then LoRA merged and unmerged. Every rank gets the same layouts, and they are its streams'."""
