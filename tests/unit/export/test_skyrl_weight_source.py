@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("skyrl", reason="SkyRL 0.4.0 is installed for the tests by requirements/skyrl-tests.txt")
 
 from _refit_worker import LORA_TARGETS, PROJECTION_ONLY, build, skyrl_facts
-from _skyrl_weight_sync import layout, meta_layout, same_stream, skyrl_sources
+from _skyrl_weight_sync import layout, meta_layout, same_stream, skyrl_megatron_worker, skyrl_sources
 
 #: What trains, per case: (family, build fields, LoRA targets).
 CASES = {
@@ -125,3 +125,52 @@ def test_merge_lora_false_is_refused(checkpoints):
     )
     with pytest.raises(AdapterExportError, match=r"vision_projection"):
         adapter_source.prepare()  # SkyRL's first step of every adapter sync
+
+
+def test_the_worker_seam_of_the_docs_on_skyrls_worker_class(checkpoints):
+    """docs/rl-weight-sync.md's SkyRL wiring on SkyRL's real Megatron worker class and config: SkyRL's own
+    ``_build_weight_source`` makes the full source; the subclass wraps it, except under ``colocate_all`` (SkyRL's
+    default: vLLM sleeps at level 2, every sync full), where SkyRL's source is returned as it is."""
+    from bridge_freeze_plugin.export import (
+        FullThenTrainableSource,
+        export_trainable_hf_weights,
+        trainable_param_filter,
+    )
+
+    worker_module, config_module = skyrl_megatron_worker()
+    sources = skyrl_sources()
+    bridge, chunks = built(checkpoints, "projection_only")
+    full = list(bridge.export_hf_weights(chunks, cpu=True, show_progress=False))
+    trainable = list(export_trainable_hf_weights(bridge, chunks, cpu=True, show_progress=False))
+    dtype = full[0][1].dtype
+
+    class PluginWeightSource(FullThenTrainableSource, sources.WeightSource):
+        pass
+
+    class FreezePolicyWorker(worker_module.MegatronPolicyWorkerBase):
+        def _build_weight_source(self, dtype: Any, backend: str) -> Any:
+            source = super()._build_weight_source(dtype, backend)
+            if self.cfg.placement.colocate_all or type(source) is not sources.MegatronWeightSource:
+                return source
+            keep = trainable_param_filter(self.bridge, self.actor_module)
+            trainable = sources.MegatronWeightSource(self.bridge, self.actor_module, dtype, param_filter=keep)
+            return PluginWeightSource(source, trainable)
+
+    def worker(colocate_all: bool) -> Any:
+        cfg = config_module.SkyRLTrainConfig().trainer  # SkyRL's defaults
+        cfg.placement.colocate_all = colocate_all
+        # No Ray actor and no init_model (GPU set-up): the attributes _build_weight_source reads, as they set them.
+        made = object.__new__(FreezePolicyWorker)
+        made.cfg, made.bridge, made.actor_module = cfg, bridge, chunks
+        made._is_lora, made._serialized_fp8_config = cfg.policy.model.lora.rank > 0, None
+        return made
+
+    assert config_module.SkyRLTrainConfig().trainer.placement.colocate_all  # SkyRL's default placement
+    colocated = worker(True)._build_weight_source(dtype, "ipc")
+    assert type(colocated) is sources.MegatronWeightSource
+    for _ in range(2):
+        assert meta_layout(colocated.metadata()) == layout(full) and same_stream(list(colocated), full)
+    source = worker(False)._build_weight_source(dtype, "nccl")
+    assert isinstance(source, sources.WeightSource)
+    for expected in (full, trainable, trainable):
+        assert meta_layout(source.metadata()) == layout(expected) and same_stream(list(source), expected)
