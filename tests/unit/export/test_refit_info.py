@@ -161,10 +161,11 @@ def run_ep2(out: Path, checkpoint: Path, forkserver: Any, *, skyrl: bool) -> dic
     return ranks
 
 
+@pytest.mark.skipif(importlib.util.find_spec("skyrl") is None,
+                    reason="SkyRL 0.4.0 is installed for the tests by requirements/skyrl-tests.txt")
 def test_skyrls_source_with_the_plugins_filter_under_expert_parallel_2(ep2):
     """SkyRL's real MegatronWeightSource on each EP rank, with that rank's filter (the experts' Megatron names
     differ between ranks): its metadata and stream are that rank's export_trainable_hf_weights."""
-    pytest.importorskip("skyrl", reason="SkyRL 0.4.0 is installed for the tests by requirements/skyrl-tests.txt")
     for rank in (0, 1):
         facts = ep2[rank]["skyrl"]
         assert facts["metadata"] == facts["expected"] == ep2[rank]["patterns"]["sent"]
