@@ -107,6 +107,21 @@ def ep2(tmp_path_factory, checkpoints, bridge_forkserver) -> dict[int, dict[str,
     return run_ep2(tmp_path_factory.mktemp("ep2"), checkpoints("qwen3_vl_moe"), bridge_forkserver, skyrl=skyrl)
 
 
+def test_an_export_dtype_is_the_streams(checkpoints):
+    """weight_dtype (what a trainer exports in, e.g. bf16 from fp32 weights): the layout says it, as the stream."""
+    import torch
+    from _skyrl_weight_sync import info_layout, layout
+
+    from bridge_freeze_plugin.export import export_trainable_hf_weights, trainable_hf_weights_info
+
+    bridge, chunks = build(checkpoints("qwen3_vl"), "qwen3_vl", **PROJECTION_ONLY)
+    for everything in (False, True):
+        sent = layout(export_trainable_hf_weights(bridge, chunks, everything=everything, show_progress=False,
+                                                  weight_dtype=torch.bfloat16))
+        info = trainable_hf_weights_info(bridge, chunks, everything=everything, weight_dtype=torch.bfloat16)
+        assert info_layout(info) == sent and {dtype for _, dtype in info.values()} == {torch.bfloat16}
+
+
 def test_refusals_name_what_was_asked(checkpoints):
     from bridge_freeze_plugin.errors import TrainableSyncError
     from bridge_freeze_plugin.export import trainable_hf_weights_info, trainable_param_filter
