@@ -3,7 +3,10 @@
 - :mod:`._sync`: the RL weight sync of only what trains (:func:`export_trainable_hf_weights`, Bridge's HF export
   limited to the HF tensors that can have changed);
 - :mod:`._adapters`: Bridge's adapter-only exports refused for a LoRA run with full-rank parts (:data:`GUARDS`,
-  installed by activation), which would silently drop the full-rank weights.
+  installed by activation), which would silently drop the full-rank weights;
+- :mod:`._receivers`: what a trainer's weight-sync receiver needs to take only what trains
+  (:func:`trainable_hf_weights_info` for NeMo-RL's ``state_dict_info``, :func:`trainable_param_filter` for SkyRL's
+  ``MegatronWeightSource``, :class:`FullThenTrainableSource`: a full first sync, then what trains, in one source).
 """
 
 from bridge_freeze_plugin.export._adapters import (
@@ -12,13 +15,21 @@ from bridge_freeze_plugin.export._adapters import (
     full_rank_parts_of_checkpoint,
     full_rank_parts_of_model,
 )
+from bridge_freeze_plugin.export._receivers import (
+    FullThenTrainableSource,
+    trainable_hf_weights_info,
+    trainable_param_filter,
+)
 from bridge_freeze_plugin.export._sync import export_trainable_hf_weights, trainable_conversion_tasks
 
 __all__ = [
     "AUTO_BRIDGE",
     "GUARDS",
+    "FullThenTrainableSource",
     "export_trainable_hf_weights",
     "full_rank_parts_of_checkpoint",
     "full_rank_parts_of_model",
     "trainable_conversion_tasks",
+    "trainable_hf_weights_info",
+    "trainable_param_filter",
 ]
