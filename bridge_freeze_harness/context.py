@@ -77,12 +77,22 @@ def device_build_context(family_name: str | None, device: str = "cpu") -> Iterat
             yield
         return
     from bridge_freeze_harness.cpu_runtime import import_bridge
-    from bridge_freeze_harness.gpu_runtime import announce_specs, init_gpu_distributed
-    from bridge_freeze_harness.local_specs import local_spec_patches
-    from bridge_freeze_harness.tiny._index import module_for_family
+    from bridge_freeze_harness.gpu_runtime import init_gpu_distributed
 
     import_bridge()
     init_gpu_distributed()
+    with cuda_spec_patches(family_name):
+        yield
+
+
+@contextlib.contextmanager
+def cuda_spec_patches(family_name: str | None) -> Iterator[None]:
+    """The spec patches of a CUDA build, and no runtime: nothing where TE imports, else the TE-to-local swap
+    and the family's any-size patches. For a process whose runtime Bridge brings up itself (``finetune()``)."""
+    from bridge_freeze_harness.gpu_runtime import announce_specs
+    from bridge_freeze_harness.local_specs import local_spec_patches
+    from bridge_freeze_harness.tiny._index import module_for_family
+
     if announce_specs() == "transformer_engine":
         yield
         return

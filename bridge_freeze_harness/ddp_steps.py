@@ -14,7 +14,7 @@ after the first step and at its peak, step times and losses. Who imports it: :mo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,8 @@ class DDPRun:
     weight_bytes: int = 0
     grad_buffer_bytes: int = 0  #: DDP's grad_data tensors, padding included
     grad_bytes_unpadded: int = 0  #: trainable elements x the buffer's element size
-    optimizer_state_bytes: int = 0  #: Adam's exp_avg + exp_avg_sq (+ step)
+    optimizer_state_bytes: int = 0  #: Adam's exp_avg + exp_avg_sq
+    optimizer_step_bytes: int = 0  #: Adam's per-parameter ``step`` counters
     main_param_bytes: int = 0  #: the optimizer's fp32 main copy of bf16 weights
     memory_after_step1: int = 0
     peak_memory: int = 0
@@ -57,13 +58,19 @@ def ddp_config(distributed_optimizer: bool = True) -> Any:
     )
 
 
-def build_ddp_chunks(provider: Any, family: str, *, distributed_optimizer: bool = True, bf16: bool = True) -> list[Any]:
-    """``provider.provide_distributed_model`` on CUDA: Float16Module (bf16) + Megatron DDP."""
+def build_ddp_chunks(provider: Any, family: str, *, distributed_optimizer: bool = True, bf16: bool = True,
+                     device: str = "cuda") -> list[Any]:
+    """``provider.provide_distributed_model``: Float16Module (bf16) + Megatron DDP.
+
+    ``device="cpu"`` is the rehearsal of the same code on a CPU (inside
+    :func:`~bridge_freeze_harness.cpu_training.cpu_training`, whose patches Megatron's optimizer needs there).
+    """
     from bridge_freeze_harness.context import device_build_context
 
-    with device_build_context(family, "cuda"):
+    with device_build_context(family, device):
         return provider.provide_distributed_model(
-            ddp_config=ddp_config(distributed_optimizer), bf16=bf16, fp16=False, use_cpu_initialization=False
+            ddp_config=ddp_config(distributed_optimizer), bf16=bf16, fp16=False,
+            use_cpu_initialization=device == "cpu",
         )
 
 
@@ -101,10 +108,10 @@ def read_layout(chunks: list[Any], optimizer: Any | None, run: DDPRun) -> DDPRun
     run.grad_bytes_unpadded = run.trainable_elements * (grads[0].element_size() if grads else 0)
     if optimizer is not None:
         inner = _inner_optimizers(optimizer)
-        run.optimizer_state_bytes = sum(
-            v.numel() * v.element_size() for opt in inner for state in opt.state.values()
-            for v in state.values() if torch.is_tensor(v)
-        )
+        states = [(key, v) for opt in inner for state in opt.state.values() for key, v in state.items()
+                  if torch.is_tensor(v)]
+        run.optimizer_state_bytes = sum(v.numel() * v.element_size() for key, v in states if key != "step")
+        run.optimizer_step_bytes = sum(v.numel() * v.element_size() for key, v in states if key == "step")
         main = [p for opt in inner for group in opt.param_groups for p in group["params"]]
         run.main_param_bytes = sum(p.numel() * p.element_size() for p in main if p.dtype == torch.float32)
     return run
@@ -114,14 +121,15 @@ def to_cuda(batch: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.cuda(non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def one_step(chunks: list[Any], optimizer: Any, batch: Mapping[str, Any], family: str, spec: TrainSpec) -> float:
-    """zero_grad_buffer, forward + backward (CUDA forward patches), finish_grad_sync, optimizer step."""
+def one_step(chunks: list[Any], optimizer: Any, batch: Mapping[str, Any], family: str, spec: TrainSpec,
+             device: str = "cuda") -> float:
+    """zero_grad_buffer, forward + backward (the device's forward patches), finish_grad_sync, optimizer step."""
     from bridge_freeze_harness.forward import forward_patches
 
     for chunk in chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    with forward_patches(family, device="cuda"):
+    with forward_patches(family, device=device):
         loss = spec.loss(chunks[0](**spec.forward_kwargs(batch)), batch)
         loss.backward()
     for chunk in chunks:
@@ -130,22 +138,27 @@ def one_step(chunks: list[Any], optimizer: Any, batch: Mapping[str, Any], family
     return float(loss.detach())
 
 
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def train_ddp(chunks: list[Any], optimizer: Any, batch: Mapping[str, Any], family: str, spec: TrainSpec,
-              steps: int, on_step: Callable[[int], None] | None = None) -> DDPRun:
-    """``steps`` steps; the layout, the bytes, memory after step 1 and at the peak, times and losses."""
+              steps: int, device: str = "cuda") -> DDPRun:
+    """``steps`` steps; the layout, the bytes, memory after step 1 and at the peak (CUDA), times and losses."""
     run = DDPRun()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    _synchronize(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for chunk in chunks:
         chunk.train()
     for step in range(steps):
         started = time.perf_counter()
-        run.losses.append(one_step(chunks, optimizer, batch, family, spec))
-        torch.cuda.synchronize()
+        run.losses.append(one_step(chunks, optimizer, batch, family, spec, device))
+        _synchronize(device)
         run.step_seconds.append(time.perf_counter() - started)
-        if step == 0:
+        if step == 0 and device == "cuda":
             run.memory_after_step1 = torch.cuda.memory_allocated()
-        if on_step is not None:
-            on_step(step)
-    run.peak_memory = torch.cuda.max_memory_allocated()
+    if device == "cuda":
+        run.peak_memory = torch.cuda.max_memory_allocated()
     return read_layout(chunks, optimizer, run)

@@ -8,9 +8,13 @@ in these tests: it is the one piece that needs a GPU, and tests/gpu runs it.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+#: Qwen3-VL's projection (the merger and the DeepStack mergers), under any wrapper prefix.
+PROJECTION = re.compile(r"^(module\.)*vision_model\.(merger|decoder\.deepstack_merger_list)\.")
 QWEN3_VL_PROVIDER = "megatron.bridge.models.qwen_vl.qwen3_vl_provider"
 TE_SPEC = "get_gpt_layer_with_transformer_engine_spec"
 
@@ -108,3 +112,25 @@ def test_an_unknown_device_is_refused(cpu_bridge):
 
     with pytest.raises(ValueError, match="'tpu'"), device_build_context("qwen3_vl", "tpu"):
         pass
+
+
+def test_ddp_steps_rehearsed_on_the_cpu_buffers_hold_exactly_the_projection(cpu_bridge):
+    """The GPU tests' and benchmark's DDP code (bridge_freeze_harness.ddp_steps), run with device="cpu"."""
+    import bridge_freeze_plugin  # noqa: F401  (activation)
+    from bridge_freeze_harness.cpu_training import cpu_training
+    from bridge_freeze_harness.ddp_steps import build_ddp_chunks, megatron_optimizer, train_ddp
+    from bridge_freeze_harness.train import make_provider, synthetic_batch, train_spec
+
+    with cpu_training("qwen3_vl"):
+        provider = make_provider("qwen3_vl", freeze_language_model=True, freeze_vision_model=True)
+        chunks = build_ddp_chunks(provider, "qwen3_vl", device="cpu")
+        run = train_ddp(chunks, megatron_optimizer(chunks), synthetic_batch("qwen3_vl", provider), "qwen3_vl",
+                        train_spec("qwen3_vl"), steps=2, device="cpu")
+    projection = {n for n in run.names if PROJECTION.match(n)}
+    assert projection and set(run.trainable) == projection == set(run.in_buffers)
+    elements = sum(p.numel() for c in chunks for n, p in c.named_parameters() if n in projection)
+    assert run.trainable_elements == elements
+    assert run.grad_bytes_unpadded == 4 * elements <= run.grad_buffer_bytes  # fp32 grads; buckets are padded
+    assert run.optimizer_state_bytes == 8 * elements  # fp32 exp_avg + exp_avg_sq, trainable only
+    assert run.main_param_bytes == 4 * elements  # the fp32 main copy of the bf16 trainable weights
+    assert len(run.losses) == 2
