@@ -50,6 +50,8 @@ def cuda_training(family: str) -> Iterator[None]:
     from bridge_freeze_harness.forward import forward_patches
 
     import_bridge()
+    import bridge_freeze_plugin  # noqa: F401 - activation (no .pth autoload where the project travels as source)
+
     _resiliency_stub.install()
     torch.cuda.set_device(0)
     with cuda_spec_patches(family), forward_patches(family, device="cuda"):
