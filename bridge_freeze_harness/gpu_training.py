@@ -58,7 +58,7 @@ def cuda_training(family: str) -> Iterator[None]:
         yield
 
 
-def _config(workdir: Path, iters: int, flags: dict[str, bool], family: str, **kwargs: Any) -> Any:
+def _config(workdir: Path, iters: int, flags: dict[str, bool], family: str, device: str, **kwargs: Any) -> Any:
     from bridge_freeze_harness.cpu_training import training_config
     from bridge_freeze_harness.tiny import family_module
     from bridge_freeze_harness.tiny._index import entry
@@ -66,11 +66,11 @@ def _config(workdir: Path, iters: int, flags: dict[str, bool], family: str, **kw
 
     # The tiny provider made directly (tiny.make_provider would bring up a runtime; Bridge's setup() does that).
     spec = train_spec(family)
-    fields = {**spec.token_ids, **spec.cpu_overrides, "use_cpu_initialization": False, **flags}
+    fields = {**spec.token_ids, **spec.cpu_overrides, "use_cpu_initialization": device == "cpu", **flags}
     provider = getattr(family_module(family), entry(family).factory)(**fields)
     cfg = training_config(provider, workdir, iters, family=family, distributed_optimizer=True, bf16_mixed=True,
                           **kwargs)
-    cfg.dist.distributed_backend = "nccl"
+    cfg.dist.distributed_backend = "nccl" if device == "cuda" else "gloo"
     return cfg
 
 
@@ -81,23 +81,25 @@ def _model_tensors(save_dir: Path, iteration: int) -> dict[str, torch.Tensor]:
 
 
 def cuda_finetune(workdir: Path, family: str = "qwen3_vl", flags: dict[str, bool] | None = None,
-                  iters: int = 4) -> dict[str, Any]:
-    """Pretrain 1 -> finetune ``iters`` (checkpoints every 2) -> resume from ``iters - 2``; what changed where."""
-    from megatron.bridge.training.finetune import finetune
-    from megatron.bridge.training.pretrain import pretrain
+                  iters: int = 4, device: str = "cuda") -> dict[str, Any]:
+    """Pretrain 1 -> finetune ``iters`` (checkpoints every 2) -> resume from ``iters - 2``; what changed where.
 
-    from bridge_freeze_harness.cpu_training import forward_step_of
+    ``device="cpu"``: the same phases inside :func:`~bridge_freeze_harness.cpu_training.cpu_training` (rehearsal).
+    """
+    from bridge_freeze_harness.cpu_training import cpu_training, forward_step_of
 
     flags = PROJECTION_ONLY if flags is None else flags
-    step = forward_step_of(family).load()
-    with cuda_training(family):
-        base = workdir / "base"
-        pretrain(_config(base, 1, {}, family), step)
-        tuned = workdir / "tuned"
+    with cuda_training(family) if device == "cuda" else cpu_training(family):
+        from megatron.bridge.training.finetune import finetune
+        from megatron.bridge.training.pretrain import pretrain
+
+        step = forward_step_of(family).load()
+        base, tuned, resumed = workdir / "base", workdir / "tuned", workdir / "resumed"
         pretrained = base / "checkpoints"
-        finetune(_config(tuned, iters, flags, family, save_interval=2, pretrained_checkpoint=pretrained), step)
-        resumed = workdir / "resumed"
-        finetune(_config(resumed, iters, flags, family, save_interval=2, pretrained_checkpoint=pretrained,
+        pretrain(_config(base, 1, {}, family, device), step)
+        finetune(_config(tuned, iters, flags, family, device, save_interval=2, pretrained_checkpoint=pretrained),
+                 step)
+        finetune(_config(resumed, iters, flags, family, device, save_interval=2, pretrained_checkpoint=pretrained,
                          load=tuned / "checkpoints", load_step=iters - 2), step)
     start = _model_tensors(pretrained, 1)
     end = _model_tensors(tuned / "checkpoints", iters)
@@ -117,40 +119,51 @@ def _specs() -> str:
 
 
 def cuda_hf_roundtrip(workdir: Path, family: str = "qwen3_vl", flags: dict[str, bool] | None = None,
-                      steps: int = 2) -> dict[str, Any]:
-    """HF checkpoint -> CUDA build with ``flags`` -> ``steps`` AdamW steps -> saved HF folder + trainable export."""
+                      steps: int = 2, device: str = "cuda") -> dict[str, Any]:
+    """HF checkpoint -> build with ``flags`` on ``device`` -> ``steps`` AdamW steps -> saved HF folder + export.
+
+    ``device="cpu"`` is the rehearsal of the same code on a CPU (tests/unit/integration/test_gpu_mode.py).
+    """
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_harness.ddp_steps import to_cuda
-    from bridge_freeze_harness.forward import forward_patches
     from bridge_freeze_harness.hf_checkpoint import cpu_provider, hf_build_patches, write_tiny_hf_checkpoint
     from bridge_freeze_harness.tiny import build_context
-    from bridge_freeze_harness.train import synthetic_batch, train_spec
     from bridge_freeze_plugin.export import export_trainable_hf_weights
 
     flags = PROJECTION_ONLY if flags is None else flags
     checkpoint = write_tiny_hf_checkpoint(family, workdir / "hf", seed=0)
     bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
-    provider = cpu_provider(bridge, family, use_cpu_initialization=False, **flags)
-    with build_context(family, "cuda"), hf_build_patches(family):
+    provider = cpu_provider(bridge, family, use_cpu_initialization=device == "cpu", **flags)
+    with build_context(family, device), hf_build_patches(family):
         chunks = provider.provide_distributed_model(
-            wrap_with_ddp=False, use_cpu_initialization=False, mixed_precision_wrapper=None
+            wrap_with_ddp=False, use_cpu_initialization=device == "cpu", mixed_precision_wrapper=None
         )
-    model, spec = chunks[0], train_spec(family)
+    losses = _adamw_steps(chunks[0], family, provider, steps, device)
+    bridge.save_hf_pretrained(chunks, workdir / "saved", show_progress=False)
+    exported = {name: tensor for name, tensor in export_trainable_hf_weights(bridge, chunks, cpu=True)}
+    trainable = [p for p in chunks[0].parameters() if p.requires_grad]
+    return {"checkpoint": checkpoint, "saved": workdir / "saved", "exported": exported, "losses": losses,
+            "trainable_on_device": all(p.device.type == device for p in trainable)}
+
+
+def _adamw_steps(model: Any, family: str, provider: Any, steps: int, device: str) -> list[float]:
+    from bridge_freeze_harness.ddp_steps import to_cuda
+    from bridge_freeze_harness.forward import forward_patches
+    from bridge_freeze_harness.train import synthetic_batch, train_spec
+
+    spec = train_spec(family)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    batch = to_cuda(synthetic_batch(family, provider))
+    batch = synthetic_batch(family, provider)
+    batch = to_cuda(batch) if device == "cuda" else batch
     losses = []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        with forward_patches(family, device="cuda"):
+        with forward_patches(family, device=device):
             loss = spec.loss(model(**spec.forward_kwargs(batch)), batch)
             loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
-    bridge.save_hf_pretrained(chunks, workdir / "saved", show_progress=False)
-    exported = {name: tensor for name, tensor in export_trainable_hf_weights(bridge, chunks, cpu=True)}
-    return {"checkpoint": checkpoint, "saved": workdir / "saved", "exported": exported, "losses": losses,
-            "trainable_on_cuda": all(p.is_cuda for p in model.parameters() if p.requires_grad)}
+    return losses
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ import torch
 
 #: Qwen3-VL's projection (the merger and the DeepStack mergers), under any wrapper prefix.
 PROJECTION = re.compile(r"^(module\.)*vision_model\.(merger|decoder\.deepstack_merger_list)\.")
+HF_PROJECTION = re.compile(r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\.")
 QWEN3_VL_PROVIDER = "megatron.bridge.models.qwen_vl.qwen3_vl_provider"
 TE_SPEC = "get_gpt_layer_with_transformer_engine_spec"
 
@@ -134,3 +135,24 @@ def test_ddp_steps_rehearsed_on_the_cpu_buffers_hold_exactly_the_projection(cpu_
     assert run.optimizer_state_bytes == 8 * elements  # fp32 exp_avg + exp_avg_sq, trainable only
     assert run.main_param_bytes == 4 * elements  # the fp32 main copy of the bf16 trainable weights
     assert len(run.losses) == 2
+
+
+def test_the_gpu_hf_round_trip_rehearsed_on_the_cpu(cpu_bridge, tmp_path):
+    """tests/gpu's round trip (bridge_freeze_harness.gpu_training.cuda_hf_roundtrip) with device="cpu": after
+    training, the saved HF tensors differ from the checkpoint exactly on the projection, and the trainable-only
+    export is those tensors."""
+    from safetensors.torch import load_file
+
+    import bridge_freeze_plugin  # noqa: F401  (activation)
+    from bridge_freeze_harness.gpu_training import cuda_hf_roundtrip
+
+    run = cuda_hf_roundtrip(tmp_path, "qwen3_vl", device="cpu")
+    original = load_file(str(run["checkpoint"] / "model.safetensors"))
+    saved = {}
+    for path in sorted(run["saved"].glob("*.safetensors")):
+        saved.update(load_file(str(path)))
+    projection = {n for n in original if HF_PROJECTION.match(n)}
+    assert run["trainable_on_device"] and projection
+    assert {n for n in saved if not torch.equal(saved[n], original[n])} == projection
+    assert set(run["exported"]) == projection
+    assert all(torch.equal(run["exported"][n], saved[n]) for n in projection)
