@@ -66,7 +66,9 @@ def _config(workdir: Path, iters: int, flags: dict[str, bool], family: str, devi
 
     # The tiny provider made directly (tiny.make_provider would bring up a runtime; Bridge's setup() does that).
     spec = train_spec(family)
-    fields = {**spec.token_ids, **spec.cpu_overrides, "use_cpu_initialization": device == "cpu", **flags}
+    # No dropout: a resume is then the uninterrupted run (load_rng=False leaves dropout's generator unrestored).
+    fields = {**spec.token_ids, **spec.cpu_overrides, "use_cpu_initialization": device == "cpu",
+              "hidden_dropout": 0.0, "attention_dropout": 0.0, **flags}
     provider = getattr(family_module(family), entry(family).factory)(**fields)
     cfg = training_config(provider, workdir, iters, family=family, distributed_optimizer=True, bf16_mixed=True,
                           **kwargs)
