@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, run ON a lent GPU machine as it is (no registry, no megatron): one command, about 4 to 6 minutes.
-#   device tool: run(carry=[".gpu-wheels"], timeout_s=420, command="bash scripts/gpu_check.sh")
+#   device tool: run(carry=[".gpu-wheels"], timeout_s=400, command="bash scripts/gpu_check.sh")
 # Installs the carried wheels (.gpu-wheels/, made here by scripts/gpu_wheels.sh) into a target folder, puts it first
 # on PYTHONPATH, then runs tests/gpu and the GPU benchmark (benchmarks/gpu_memory.py), each under a time limit.
 # Everything goes to one folder: $OUT (the device tool's) or gpu-results/. Rehearse it first without a GPU:
@@ -14,8 +14,11 @@ PYFLAGS="${PYTHON_FLAGS:-}"
 PIP="${PIP:-$PY -m pip}"
 TARGET="${GPU_TARGET:-/tmp/bridge-freeze-gpu-site}"
 WHEELS="${GPU_WHEELS:-$ROOT/.gpu-wheels}"
-TESTS_S="${GPU_TESTS_S:-200}"
-BENCH_S="${GPU_BENCH_S:-150}"
+# Limits: install ~30 s + environment ~20 s + tests + benchmark <= 6 minutes. The benchmark starts no arm that
+# would end past its budget (--budget-s), so it always writes its JSON.
+TESTS_S="${GPU_TESTS_S:-140}"
+BENCH_S="${GPU_BENCH_S:-170}"
+BENCH_ARGS="${GPU_BENCH_ARGS:---repeats 2 --steps 8 --budget-s 150}"
 mkdir -p "$RESULTS"
 started=$(date +%s)
 log() { echo "[gpu_check $(( $(date +%s) - started ))s] $*" | tee -a "$RESULTS/check.log"; }
@@ -48,7 +51,7 @@ tail -n 25 "$RESULTS/tests.log"
 log "tests/gpu: exit $tests_rc"
 
 log "GPU benchmark (limit ${BENCH_S}s)"
-timeout -k 10 "$BENCH_S" $PY $PYFLAGS -m benchmarks.gpu_memory ${GPU_BENCH_ARGS:-} --out "$RESULTS/gpu_memory.json" \
+timeout -k 10 "$BENCH_S" $PY $PYFLAGS -m benchmarks.gpu_memory $BENCH_ARGS --out "$RESULTS/gpu_memory.json" \
   > "$RESULTS/bench.log" 2>&1
 bench_rc=$?
 tail -n 20 "$RESULTS/bench.log"
