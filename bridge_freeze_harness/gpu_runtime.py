@@ -15,9 +15,12 @@ Who imports it, and why: :mod:`bridge_freeze_harness` (the package docstring).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Literal
+import sys
+from collections.abc import Iterator
+from typing import Any, Literal
 
 from bridge_freeze_harness._te_stub import real_transformer_engine_available
 
@@ -77,3 +80,33 @@ def init_gpu_distributed(seed: int = 1234) -> None:
         parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def plugin_collectives_forced(ranks: int = 2) -> Iterator[list[tuple[str, str]]]:
+    """The plugin's modules (only them) told the process group has ``ranks`` ranks; every ``all_reduce`` recorded.
+
+    With one GPU the NCCL world has one rank, where the plugin skips its collectives (nothing to agree on). Inside,
+    ``torch.distributed.get_world_size`` answers ``ranks`` to a caller in ``bridge_freeze_plugin`` (Megatron and
+    Bridge keep the truth), so the plugin runs them and each ``all_reduce`` really goes through the group's backend
+    with the tensor on the device the plugin chose; over one rank a sum leaves it unchanged. Yields the list of
+    ``(tensor device type, backend)`` of every ``all_reduce`` issued inside. Test support only.
+    """
+    import torch.distributed as dist
+
+    calls: list[tuple[str, str]] = []
+    real_size, real_reduce = dist.get_world_size, dist.all_reduce
+
+    def size(group: Any = None) -> int:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return ranks if caller.startswith("bridge_freeze_plugin") else real_size(group)
+
+    def recording(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((tensor.device.type, str(dist.get_backend(kwargs.get("group")))))
+        return real_reduce(tensor, *args, **kwargs)
+
+    dist.get_world_size, dist.all_reduce = size, recording
+    try:
+        yield calls
+    finally:
+        dist.get_world_size, dist.all_reduce = real_size, real_reduce

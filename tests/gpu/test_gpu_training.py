@@ -3,8 +3,9 @@
 model; the plugin's collectives (``all_reduce`` of small tensors) on NCCL. Skipped without CUDA.
 
 One GPU gives an NCCL world of one rank, where the plugin skips its collectives (nothing to agree on). To run
-them on NCCL anyway, :func:`nccl_collectives` makes the plugin treat the world-1 NCCL group as a multi-rank one:
-every ``all_reduce`` it issues then really goes through NCCL, with the tensors on the device it chose.
+them on NCCL anyway, :func:`nccl_collectives` tells the plugin's modules (only them) that the world has 2 ranks
+(``bridge_freeze_harness.gpu_runtime.plugin_collectives_forced``): every ``all_reduce`` it issues then really goes
+through the NCCL communicator, with the tensors on the device it chose (a sum over one rank leaves them as they are).
 """
 
 from __future__ import annotations
@@ -38,27 +39,11 @@ def _safetensors(directory: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def nccl_collectives(cuda_world):
-    """The plugin's collectives forced on (world-1 NCCL); every all_reduce recorded: (device type, backend)."""
-    import torch.distributed as dist
+    """The plugin's collectives run on the world-1 NCCL group (``plugin_collectives_forced``), recorded."""
+    from bridge_freeze_harness.gpu_runtime import plugin_collectives_forced
 
-    from bridge_freeze_plugin.export import _sync
-    from bridge_freeze_plugin.prewrap import _collective, _model_wide
-    from bridge_freeze_plugin.ranks import collective_device
-
-    calls: list[tuple[str, str]] = []
-    real = dist.all_reduce
-
-    def recording(tensor, *args, **kwargs):
-        calls.append((tensor.device.type, str(dist.get_backend(kwargs.get("group")))))
-        return real(tensor, *args, **kwargs)
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(_collective, "world", lambda: dist)
-    mp.setattr(_model_wide, "world", lambda: dist)
-    mp.setattr(_sync, "_collective", lambda group: (dist, collective_device(group)))
-    mp.setattr(dist, "all_reduce", recording)
-    yield calls
-    mp.undo()
+    with plugin_collectives_forced() as calls:
+        yield calls
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +76,9 @@ def test_trainable_export_from_a_cuda_model_is_the_projection_on_the_cpu(roundtr
 
 
 def test_the_plugins_collectives_ran_on_nccl_with_cuda_tensors(roundtrip, nccl_collectives):
-    from bridge_freeze_plugin.prewrap._collective import agree_on_error
-
-    agree_on_error(None)
-    with pytest.raises(ValueError, match="this rank"):
-        agree_on_error(ValueError("this rank"))
-    assert len(nccl_collectives) >= 3  # build (report), export (task count, changed marks), agree_on_error
+    # the build: the pre-wrap hook's error agreement and the model-wide report; the export: the task count and
+    # the marks of tensors that changed
+    assert len(nccl_collectives) >= 4, nccl_collectives
     assert set(nccl_collectives) == {("cuda", "nccl")}
 
 

@@ -138,15 +138,18 @@ def test_ddp_steps_rehearsed_on_the_cpu_buffers_hold_exactly_the_projection(cpu_
 
 
 def test_the_gpu_hf_round_trip_rehearsed_on_the_cpu(cpu_bridge, tmp_path):
-    """tests/gpu's round trip (bridge_freeze_harness.gpu_training.cuda_hf_roundtrip) with device="cpu": after
-    training, the saved HF tensors differ from the checkpoint exactly on the projection, and the trainable-only
-    export is those tensors."""
+    """tests/gpu's round trip (bridge_freeze_harness.gpu_training.cuda_hf_roundtrip) with device="cpu", the
+    plugin's collectives forced on as there: after training, the saved HF tensors differ from the checkpoint
+    exactly on the projection, and the trainable-only export is those tensors."""
     from safetensors.torch import load_file
 
     import bridge_freeze_plugin  # noqa: F401  (activation)
+    from bridge_freeze_harness.gpu_runtime import plugin_collectives_forced
     from bridge_freeze_harness.gpu_training import cuda_hf_roundtrip
 
-    run = cuda_hf_roundtrip(tmp_path, "qwen3_vl", device="cpu")
+    with plugin_collectives_forced() as calls:  # as tests/gpu runs it on NCCL; here gloo, CPU tensors
+        run = cuda_hf_roundtrip(tmp_path, "qwen3_vl", device="cpu")
+    assert len(calls) >= 4 and set(calls) == {("cpu", "gloo")}, calls  # build: agreement, report; export: 2
     original = load_file(str(run["checkpoint"] / "model.safetensors"))
     saved = {}
     for path in sorted(run["saved"].glob("*.safetensors")):
