@@ -11,8 +11,10 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 pin() { grep -i "^$1==" "$ROOT/requirements/constraints.txt" | head -n1; }
 # megatron-core / megatron-bridge: absent there. transformers / tokenizers: Bridge 0.6.2 wants transformers
 # <= 5.12.1, which checks tokenizers <= 0.23.0 at import (the machine has 5.17.0 / 0.23.2). omegaconf: Bridge's
-# config side. The rest: what Bridge's training package (finetune(), checkpoints)
-# imports beyond the machine's packages, when they fit (see GPU_TRAINING_WHEELS below).
+# config side. Not carried: Bridge's training package (finetune(), its checkpoints) also imports at least datasets (with
+# pyarrow: its 26.0.1 wheel alone is 55 MB) and TensorBoard: with these 19 MB, over the 64 MiB that travel; the
+# finetune test skips there.
+# GPU_EXTRA_WHEELS="name ..." adds other pinned distributions (no dependencies) where a machine takes more.
 PACKAGES=(megatron-core megatron-bridge transformers tokenizers omegaconf)
 mkdir -p "$DEST"
 for name in "${PACKAGES[@]}" ${GPU_EXTRA_WHEELS:-}; do
