@@ -88,7 +88,7 @@ def device_build_context(family_name: str | None, device: str = "cpu") -> Iterat
 @contextlib.contextmanager
 def cuda_spec_patches(family_name: str | None) -> Iterator[None]:
     """The spec patches of a CUDA build, and no runtime: nothing where TE imports, else the TE-to-local swap
-    and the family's any-size patches. For a process whose runtime Bridge brings up itself (``finetune()``)."""
+    and the family's any-size patches. Around Bridge's own loop (:mod:`~bridge_freeze_harness.gpu_training`)."""
     from bridge_freeze_harness.gpu_runtime import announce_specs
     from bridge_freeze_harness.local_specs import local_spec_patches
     from bridge_freeze_harness.tiny._index import module_for_family

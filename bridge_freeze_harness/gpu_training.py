@@ -2,9 +2,9 @@
 
 - :func:`cuda_finetune`: Bridge's ``pretrain()`` for one iteration (the pretrained checkpoint), then ``finetune()``
   from it with the selection's flags for a few iterations (torch_dist checkpoints every 2), then ``finetune()``
-  resumed from the middle checkpoint to the same end. NCCL, bf16_mixed, the distributed optimizer; Bridge brings
-  up the runtime itself. Run it in a process of its own (``python -m bridge_freeze_harness.gpu_training finetune
-  WORKDIR``): it writes ``WORKDIR/result.json``.
+  resumed from the middle checkpoint to the same end. NCCL world 1, bf16_mixed, the distributed optimizer, no
+  dropout (so the resume can equal the uninterrupted run). Run it in a process of its own
+  (``python -m bridge_freeze_harness.gpu_training finetune WORKDIR``): it writes ``WORKDIR/result.json``.
 - :func:`cuda_hf_roundtrip`: a tiny random HF checkpoint -> ``AutoBridge`` -> a provider with the flags, built
   on CUDA -> AdamW steps on CUDA -> ``save_hf_pretrained`` and the plugin's ``export_trainable_hf_weights(cpu=True)``.
 
@@ -48,12 +48,15 @@ def cuda_training(family: str) -> Iterator[None]:
     from bridge_freeze_harness.context import cuda_spec_patches
     from bridge_freeze_harness.cpu_runtime import import_bridge
     from bridge_freeze_harness.forward import forward_patches
+    from bridge_freeze_harness.gpu_runtime import init_gpu_distributed
 
     import_bridge()
     import bridge_freeze_plugin  # noqa: F401 - activation (no .pth autoload where the project travels as source)
 
     _resiliency_stub.install()
-    torch.cuda.set_device(0)
+    # NCCL world 1 up before Bridge's setup(), which then keeps it (as cpu_training's gloo group on the CPU);
+    # each pretrain() / finetune() sets up and tears down the model-parallel state itself.
+    init_gpu_distributed()
     with cuda_spec_patches(family), forward_patches(family, device="cuda"):
         yield
 
