@@ -89,15 +89,18 @@ def attention_scores_bytes(geometry: dict[str, int]) -> dict[str, int]:
     return {"language_model": lm, "vision_model": vis}
 
 
-def _arm(selection: str, arm: str, steps: int, workdir: Path) -> dict[str, Any]:
+def _arm(selection: str, arm: str, steps: int, workdir: Path, timeout_s: float = ARM_TIMEOUT_S) -> dict[str, Any]:
     out = workdir / f"{selection.replace(' ', '_')}.{arm}.{time.monotonic_ns()}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     if arm != "plugin":
         env["BRIDGE_FREEZE_DISABLE_AUTOLOAD"] = "1"
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", "benchmarks._gpu_arm",
-                           str(CONFIG_DIR), selection, arm, str(steps), str(out)],
-                          env=env, capture_output=True, text=True, timeout=ARM_TIMEOUT_S, check=False)
+    command = [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", "benchmarks._gpu_arm",
+               str(CONFIG_DIR), selection, arm, str(steps), str(out)]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return {"selection": selection, "arm": arm, "error": f"no result within {timeout_s:.0f} s (killed)"}
     if done.returncode != 0:
         return {"selection": selection, "arm": arm, "error": (done.stdout + done.stderr)[-2000:]}
     result = json.loads(out.read_text())
@@ -191,7 +194,8 @@ def run(quick: bool = False, *, repeats: int | None = None, steps: int | None = 
                 figure["stopped_early"] = f"time budget {budget_s:.0f}s: round {round_ + 1} incomplete"
                 break
             print(f"[gpu] round {round_ + 1}/{repeats}: {selection} / {arm}", file=sys.stderr, flush=True)
-            results.append(_arm(selection, arm, steps, workdir))
+            left = ARM_TIMEOUT_S if budget_s is None else max(30.0, budget_s - spent)
+            results.append(_arm(selection, arm, steps, workdir, timeout_s=min(ARM_TIMEOUT_S, left)))
         if "stopped_early" in figure:
             break
     figure["arms"] = summarize(results, plans)

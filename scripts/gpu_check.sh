@@ -5,6 +5,9 @@
 # on PYTHONPATH, then runs tests/gpu and the GPU benchmark (benchmarks/gpu_memory.py), each under a time limit.
 # Everything goes to one folder: $OUT (the device tool's) or gpu-results/. Rehearse it first without a GPU:
 # scripts/gpu_rehearse.sh. The environment variables below exist for that rehearsal; on the machine none is needed.
+# Within 6 minutes the benchmark measures what its budget allows (every selection's plugin arm first); the rest, on
+# a machine still warm, in a second call of about 7 minutes (the benchmark alone; its $OUT comes back as the first's):
+#   GPU_SKIP_TESTS=1 GPU_BENCH_S=400 GPU_BENCH_ARGS="--repeats 2 --steps 8 --budget-s 380" bash scripts/gpu_check.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -43,12 +46,17 @@ from bridge_freeze_harness.cpu_runtime import import_bridge
 import_bridge(); import bridge_freeze_plugin; print("import megatron.bridge + the plugin: ok")
 ' 2>&1; } | tee "$RESULTS/env.txt"
 
-log "tests/gpu (limit ${TESTS_S}s)"
-timeout -k 10 "$TESTS_S" $PY $PYFLAGS -m pytest tests/gpu -p no:cacheprovider -rA -v \
-  --junitxml "$RESULTS/tests.xml" > "$RESULTS/tests.log" 2>&1
-tests_rc=$?
-tail -n 25 "$RESULTS/tests.log"
-log "tests/gpu: exit $tests_rc"
+tests_rc=0
+if [ -n "${GPU_SKIP_TESTS:-}" ]; then
+  log "tests/gpu skipped (GPU_SKIP_TESTS)"
+else
+  log "tests/gpu (limit ${TESTS_S}s)"
+  timeout -k 10 "$TESTS_S" $PY $PYFLAGS -m pytest tests/gpu -p no:cacheprovider -rA -v \
+    --junitxml "$RESULTS/tests.xml" > "$RESULTS/tests.log" 2>&1
+  tests_rc=$?
+  tail -n 25 "$RESULTS/tests.log"
+  log "tests/gpu: exit $tests_rc"
+fi
 
 log "GPU benchmark (limit ${BENCH_S}s)"
 timeout -k 10 "$BENCH_S" $PY $PYFLAGS -m benchmarks.gpu_memory $BENCH_ARGS --out "$RESULTS/gpu_memory.json" \
