@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export BRIDGE_FREEZE_VENV := $(VENV)
 
-.PHONY: venv demo test test-fast test-gpu lint bench clean
+.PHONY: venv demo test test-fast test-gpu gpu-wheels gpu-rehearse lint bench clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -23,6 +23,13 @@ test-fast: venv
 
 test-gpu: venv
 	@$(PY) -m pytest tests/gpu
+
+# the GPU check (docs/development.md, "The GPU check"): the wheels a lent GPU machine lacks, and a rehearsal here
+gpu-wheels: venv
+	@PYTHON=$(PY) scripts/gpu_wheels.sh
+
+gpu-rehearse: gpu-wheels
+	@VENV_PY=$(PY) scripts/gpu_rehearse.sh
 
 lint: venv
 	@$(VENV)/bin/ruff check .

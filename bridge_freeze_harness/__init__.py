@@ -42,9 +42,15 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
   (a recording callback, checkpoints read back);
 - the user's flow: :mod:`.hf_checkpoint` (tiny random HF checkpoints, the CPU provider Bridge converts them to),
   :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``);
-- no Megatron at all: :mod:`.stand_ins` (plain PyTorch modules with a real model's parameter names).
+- no Megatron at all: :mod:`.stand_ins` (plain PyTorch modules with a real model's parameter names);
+- on a GPU (``device="cuda"`` of :func:`~bridge_freeze_harness.context.device_build_context`,
+  :func:`~bridge_freeze_harness.tiny.build_context`, :func:`~bridge_freeze_harness.tiny.make_provider`,
+  :func:`~bridge_freeze_harness.forward.forward_patches`: the spec swap where TE is absent, never the CPU device
+  patch): :mod:`.gpu_runtime` (NCCL world 1, which specs), :mod:`.ddp_steps` (Megatron DDP + its optimizer, a
+  few steps, the buffers and state read back), :mod:`.gpu_training` (Bridge's ``finetune()``, the HF round trip
+  and the trainable-only export on CUDA).
 """
 
-from bridge_freeze_harness.context import cpu_build_context
+from bridge_freeze_harness.context import cpu_build_context, device_build_context
 
-__all__ = ["cpu_build_context"]
+__all__ = ["cpu_build_context", "device_build_context"]

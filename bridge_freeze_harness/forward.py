@@ -8,12 +8,14 @@ Generic (:func:`cpu_forward_patches`):
 - it also refuses an additive ``attention_bias`` (Gemma3-VL passes one: causal text plus bidirectional image
   blocks); a bias of 0 / -inf is exactly a boolean mask, which it accepts (:func:`_bias_as_mask`).
 - the local softmax's default causal and sliding-window masks are made on the CPU (megatron-core makes them
-  on "cuda"; note that with a sliding window it ignores the mask it is given).
+  on "cuda"; note that with a sliding window it ignores the mask it is given); on CUDA, on "cuda".
 - activation recompute (``recompute_granularity="full"``) saves / restores the CUDA RNG state around each
   recomputed chunk: without CUDA the CPU generator's state stands in (megatron-core saves and restores it too).
   The recompute runs during ``backward()``: run the backward inside these patches too.
 - ``torch.cuda.current_device`` answers ``"cpu"`` where no CUDA device exists (megatron-core's
   ``GlobalMemoryBuffer``, the local attention's score buffer, asks it for a device).
+
+The CPU device patches (the last two) never run with ``device="cuda"``; the rest are device-neutral.
 
 :func:`forward_patches` adds a family module's own ``forward_patches()``. Who imports this package, and why:
 :mod:`bridge_freeze_harness`.
@@ -94,21 +96,23 @@ def _cpu_device() -> str:
     return "cpu"
 
 
-def _causal_mask(sq: int) -> torch.Tensor:
-    """``[sq, sq]``, ``True`` above the diagonal (a token does not see later ones), on the CPU."""
-    positions = torch.arange(sq)
+def _causal_mask(sq: int, device: str = "cpu") -> torch.Tensor:
+    """``[sq, sq]``, ``True`` above the diagonal (a token does not see later ones), on ``device``."""
+    positions = torch.arange(sq, device=device)
     return positions[None, :] > positions[:, None]
 
 
-def _sliding_window_causal_mask(sq: int, skv: int, window_size: int | tuple[int, int]) -> torch.Tensor:
+def _sliding_window_causal_mask(
+    sq: int, skv: int, window_size: int | tuple[int, int], device: str = "cpu"
+) -> torch.Tensor:
     """``[sq, skv]``, ``True`` outside ``[q - window[0], q + window[1]]`` (queries aligned to the last keys).
 
     A plain ``int`` window (Gemma3's config field, which megatron-core's own helper cannot index) is ``(w, 0)``.
     """
     if isinstance(window_size, int):
         window_size = (window_size, 0)
-    query = torch.arange(sq)[:, None] + (skv - sq)
-    key = torch.arange(skv)[None, :]
+    query = torch.arange(sq, device=device)[:, None] + (skv - sq)
+    key = torch.arange(skv, device=device)[None, :]
     return ~((key >= query - window_size[0]) & (key <= query + window_size[1]))
 
 
@@ -120,17 +124,29 @@ def _keep_rng_state(*_args: Any, **_kwargs: Any) -> None:
     """The CPU state is restored by megatron-core's own ``torch.set_rng_state`` next to this call."""
 
 
-def _generic_patches() -> list[tuple[Any, str, Any]]:
+def _on_cpu(device: str | None) -> bool:
+    """Whether the CPU device patches apply: ``"cpu"`` yes, ``"cuda"`` never, ``None``: where CUDA is absent."""
+    if device is None:
+        return not torch.cuda.is_available()
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: the harness runs forwards on 'cpu' or 'cuda'")
+    return device == "cpu"
+
+
+def _generic_patches(device: str | None = None) -> list[tuple[Any, str, Any]]:
     from megatron.core.fusions import fused_softmax
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+    on_cpu = _on_cpu(device)
+    masks_on = "cpu" if on_cpu else "cuda"
     patches: list[tuple[Any, str, Any]] = [
         (DotProductAttention, "forward", _packed_as_masked(DotProductAttention.forward)),
-        # The local softmax builds its default causal / sliding-window masks on "cuda".
-        (fused_softmax, "get_default_causal_mask", _causal_mask),
-        (fused_softmax, "get_sliding_window_causal_mask", _sliding_window_causal_mask),
+        # The local softmax's default causal / sliding-window masks, on the device the scores are on.
+        (fused_softmax, "get_default_causal_mask", functools.partial(_causal_mask, device=masks_on)),
+        (fused_softmax, "get_sliding_window_causal_mask",
+         functools.partial(_sliding_window_causal_mask, device=masks_on)),
     ]
-    if not torch.cuda.is_available():
+    if on_cpu:
         from megatron.core.tensor_parallel import random as mpu_random
 
         patches += [
@@ -149,13 +165,17 @@ _UNDO: list[contextlib.ExitStack] = []
 
 
 @contextlib.contextmanager
-def cpu_forward_patches() -> Iterator[None]:
-    """The generic CPU forward patches (module docstring); restored on exit; re-entrant."""
+def cpu_forward_patches(device: str | None = None) -> Iterator[None]:
+    """The generic forward patches (module docstring); restored on exit; re-entrant.
+
+    ``device``: ``"cpu"`` applies the CPU device patches, ``"cuda"`` never does, ``None`` applies them where
+    CUDA is absent. A nested call keeps the outer call's patches.
+    """
     global _PATCH_DEPTH
     with _PATCH_LOCK:
         if _PATCH_DEPTH == 0:
             stack = contextlib.ExitStack()
-            stack.enter_context(patched(_generic_patches()))
+            stack.enter_context(patched(_generic_patches(device)))
             _UNDO.append(stack)
         _PATCH_DEPTH += 1
     try:
@@ -168,14 +188,14 @@ def cpu_forward_patches() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def forward_patches(name: str | None = None) -> Iterator[None]:
-    """Generic CPU forward patches, plus those of tiny configuration ``name``'s family module when given.
+def forward_patches(name: str | None = None, device: str | None = None) -> Iterator[None]:
+    """Generic forward patches, plus those of tiny configuration ``name``'s family module when given.
 
     Run a forward AND its ``backward()`` inside (or use :func:`bridge_freeze_harness.train.loss_fn` /
-    :func:`bridge_freeze_harness.train.forward_backward`).
+    :func:`bridge_freeze_harness.train.forward_backward`). ``device`` as in :func:`cpu_forward_patches`.
     """
     from bridge_freeze_harness.tiny import family_module
 
     module = family_module(name) if name is not None else None
-    with cpu_forward_patches(), module_patches(module, "forward_patches"):
+    with cpu_forward_patches(device), module_patches(module, "forward_patches"):
         yield

@@ -2,9 +2,10 @@
 
 Several Bridge VLM providers and models name TransformerEngine specs or classes directly
 (``get_gpt_layer_with_transformer_engine_spec``, ``TENorm``, ``TEColumnParallelLinear`` ...).
-Without CUDA those cannot be instantiated. Inside :func:`cpu_build_patches` every loaded module
-under ``megatron.bridge.models`` sees the local (pure PyTorch) equivalents instead, and
-``torch.cuda.current_device`` answers ``"cpu"`` (rotary embeddings ask it for a device).
+Without TransformerEngine those cannot be instantiated. Inside :func:`local_spec_patches` every loaded module
+under ``megatron.bridge.models`` sees the local (pure PyTorch) equivalents instead (on a CPU, and on a GPU
+machine without TE); :func:`cpu_build_patches` adds the CPU device patch: ``torch.cuda.current_device``
+answers ``"cpu"`` (rotary embeddings ask it for a device). That patch must never run on CUDA.
 
 Module names and structure stay the real ones, which is what the plugin classifies; the layer
 implementations are megatron-core's local ones (see :mod:`bridge_freeze_harness`). A family's own
@@ -19,6 +20,8 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from bridge_freeze_harness.patching import patched
 
 
 def _filtered(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -56,9 +59,20 @@ def _cpu_device() -> str:
 
 @contextlib.contextmanager
 def cpu_build_patches() -> Iterator[None]:
-    """Patch TE names in every loaded ``megatron.bridge.models`` module; undo on exit."""
+    """:func:`local_spec_patches` plus the CPU device patch (``torch.cuda.current_device`` answers ``"cpu"``).
+
+    Only for a CPU or meta build: on CUDA use :func:`local_spec_patches` alone
+    (:func:`bridge_freeze_harness.context.device_build_context`).
+    """
     import torch
 
+    with local_spec_patches(), patched([(torch.cuda, "current_device", _cpu_device)]):
+        yield
+
+
+@contextlib.contextmanager
+def local_spec_patches() -> Iterator[None]:
+    """Patch TE names in every loaded ``megatron.bridge.models`` module; undo on exit. No device patch."""
     replacements = _replacements()
     undo: list[tuple[Any, str, Any]] = []
     for mod_name, module in list(sys.modules.items()):
@@ -79,8 +93,6 @@ def cpu_build_patches() -> Iterator[None]:
     # asserts on in every later build of the process: each build starts from none of them.
     nvte = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", *(f"NVTE_FLASH_ATTN_V{v}" for v in (2, 3, 4)))
     saved_env = {name: os.environ.pop(name, None) for name in nvte}
-    undo.append((torch.cuda, "current_device", torch.cuda.current_device))
-    torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
     try:
         with zero_centred_torch_norms():
             yield

@@ -96,12 +96,15 @@ class _TrainSpecs(Mapping[str, TrainSpec]):
 TRAIN_SPECS: Mapping[str, TrainSpec] = _TrainSpecs()
 
 
-def make_provider(name: str, **overrides: Any) -> Any:
-    """The tiny provider of ``name``, with its spec's special token ids and CPU-friendly fields."""
+def make_provider(name: str, device: str = "cpu", **overrides: Any) -> Any:
+    """The tiny provider of ``name``, with its spec's special token ids and CPU-friendly fields.
+
+    ``device``: the runtime to bring up (:func:`bridge_freeze_harness.tiny.make_provider`).
+    """
     from bridge_freeze_harness import tiny
 
     spec = train_spec(name)
-    return tiny.make_provider(name, **{**spec.token_ids, **spec.cpu_overrides, **overrides})
+    return tiny.make_provider(name, device, **{**spec.token_ids, **spec.cpu_overrides, **overrides})
 
 
 def projection_parameter_names(name: str, model: torch.nn.Module) -> list[str]:

@@ -45,24 +45,37 @@ def is_real(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def build_context(name: str) -> Iterator[None]:
+def build_context(name: str, device: str = "cpu") -> Iterator[None]:
     """Everything a tiny build of ``name`` needs around ``provide()`` / ``provide_distributed_model()``.
 
-    The generic and the family's any-size CPU patches (:func:`bridge_freeze_harness.cpu_build_context`)
-    plus the tiny configuration's own ones.
+    ``"cpu"``: the generic and the family's any-size CPU patches (:func:`bridge_freeze_harness.cpu_build_context`)
+    plus the tiny configuration's own ones. ``"cuda"``: the same without the CPU device patch, or with no spec
+    patch at all where TransformerEngine imports
+    (:func:`~bridge_freeze_harness.context.device_build_context`).
     """
-    from bridge_freeze_harness.context import cpu_build_context, module_patches
+    from bridge_freeze_harness.context import device_build_context, module_patches
 
-    with cpu_build_context(name), module_patches(family_module(name), "tiny_patches"):
+    with device_build_context(name, device), module_patches(family_module(name), "tiny_patches"):
         yield
 
 
-def make_provider(name: str, **overrides: Any) -> Any:
-    """A finalized tiny provider of configuration ``name`` (imports Bridge, inits the CPU runtime)."""
+def make_provider(name: str, device: str = "cpu", **overrides: Any) -> Any:
+    """A finalized tiny provider of configuration ``name`` (imports Bridge, brings up the device's runtime).
+
+    ``"cpu"``: gloo and CPU initialisation. ``"cuda"``: NCCL world 1, and ``use_cpu_initialization=False``
+    unless ``overrides`` say otherwise (the weights are made on the GPU).
+    """
+    from bridge_freeze_harness.context import check_device
     from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
 
     import_bridge()
-    init_cpu_distributed()
+    if check_device(device) == "cuda":
+        from bridge_freeze_harness.gpu_runtime import init_gpu_distributed
+
+        init_gpu_distributed()
+        overrides.setdefault("use_cpu_initialization", False)
+    else:
+        init_cpu_distributed()
     return getattr(family_module(name), entry(name).factory)(**overrides)
 
 
@@ -73,10 +86,10 @@ def _ensure_pg_collection(provider: Any) -> None:
         provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
 
 
-def build_tiny_model(name: str, provider: Any = None, **overrides: Any) -> Any:
+def build_tiny_model(name: str, provider: Any = None, device: str = "cpu", **overrides: Any) -> Any:
     """One bare model chunk through ``provider.provide(pre_process=True, post_process=True)``."""
-    provider = provider if provider is not None else make_provider(name, **overrides)
-    with build_context(name):
+    provider = provider if provider is not None else make_provider(name, device, **overrides)
+    with build_context(name, device):
         if family_module(name).REAL:
             _ensure_pg_collection(provider)
         return provider.provide(pre_process=True, post_process=True)

@@ -20,6 +20,8 @@ EXPECTED = {
     "plan": {"available", "time_ratio", "peak_rss_ratio", "ratio_arm"},
     "recompute": {"cpu_tiny", "full_size_estimate"},
     "sync": {"selections", "all_bytes_ratios_are_shares", "checkpoint_bytes"},
+    # measured only on CUDA (elsewhere "skipped" beside plan's figures for the same config.json)
+    "gpu": {"config", "geometry", "plan", "attention_scores_bytes"},
 }
 
 
