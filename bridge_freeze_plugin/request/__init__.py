@@ -4,7 +4,8 @@
 - :mod:`._selection`: :class:`FreezeSelection`, one boolean per part plus optional patterns;
 - :mod:`._patterns`: train / freeze patterns (regular expressions over model-wide names) and their checks;
 - :mod:`._pattern_summary`: what the patterns matched and changed in a model; the error for one that matched nothing;
-- :mod:`._regex_safety`: the catastrophic-backtracking check every pattern passes before it is used.
+- :mod:`._regex_safety`: the catastrophic-backtracking check every pattern passes before it is used, with
+  :mod:`._regex_charsets` (the characters an atom matches) and :mod:`._components` (strongly connected components).
 
 Imports nothing from the package but ``errors``: every other folder may import it.
 """
