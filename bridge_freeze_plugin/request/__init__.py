@@ -3,7 +3,9 @@
 - :mod:`._parts`: the vocabulary of parts (one table; flags, learning-rate keys, labels and aliases derive from it);
 - :mod:`._selection`: :class:`FreezeSelection`, one boolean per part plus optional patterns;
 - :mod:`._patterns`: train / freeze patterns (regular expressions over model-wide names) and their checks;
-- :mod:`._regex_safety`: the catastrophic-backtracking check every pattern passes before it is used.
+- :mod:`._pattern_summary`: what the patterns matched and changed in a model; the error for one that matched nothing;
+- :mod:`._regex_safety`: the catastrophic-backtracking check every pattern passes before it is used, with
+  :mod:`._regex_charsets` (the characters an atom matches) and :mod:`._components` (strongly connected components).
 
 Imports nothing from the package but ``errors``: every other folder may import it.
 """
@@ -24,17 +26,8 @@ from bridge_freeze_plugin.request._parts import (
     label,
     spoken,
 )
-from bridge_freeze_plugin.request._patterns import (
-    RULE,
-    Pattern,
-    PatternSet,
-    PatternSummary,
-    PatternTally,
-    check_lora_targets,
-    check_matched,
-    compile_pattern,
-    summary_lines,
-)
+from bridge_freeze_plugin.request._pattern_summary import PatternSummary, PatternTally, check_matched, summary_lines
+from bridge_freeze_plugin.request._patterns import RULE, Pattern, PatternSet, check_lora_targets, compile_pattern
 from bridge_freeze_plugin.request._regex_safety import backtracking_risk
 from bridge_freeze_plugin.request._selection import (
     PATTERN_KEYS,

@@ -29,11 +29,12 @@ way); a back-reference counts as an unbounded run of any character.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
+
+from bridge_freeze_plugin.request._components import strong_components
+from bridge_freeze_plugin.request._regex_charsets import ALL, atom_mask
 
 #: Counted repeats with at most this many copies are written out; above, the repeat counts as unbounded.
 EXPANDED_REPEAT = 4
@@ -42,10 +43,6 @@ MAX_ADJACENT_REPEATS = 2
 #: Above this many states of the pair automaton the exponential check gives up (and reports nothing).
 MAX_PAIR_STATES = 400_000
 
-_ASCII = 128
-#: The bit that stands for "some non-ASCII character".
-_OTHER = 1 << _ASCII
-_ALL = (1 << (_ASCII + 1)) - 1
 _MANY = 2
 #: The characters of parameter names; a single atom matching at least :data:`_BROAD` of them is "broad": it can be
 #: crossed almost anywhere in a name, like a repeat.
@@ -54,74 +51,6 @@ _BROAD = 19
 
 EXPONENTIAL = "exponential"
 POLYNOMIAL = "polynomial"
-
-
-def _table(pattern: str) -> int:
-    rx = re.compile(pattern)
-    return sum(1 << c for c in range(_ASCII) if rx.fullmatch(chr(c)))
-
-
-_CATEGORIES = {
-    sre.CATEGORY_DIGIT: _table(r"\d"),
-    sre.CATEGORY_NOT_DIGIT: _table(r"\D"),
-    sre.CATEGORY_SPACE: _table(r"\s"),
-    sre.CATEGORY_NOT_SPACE: _table(r"\S"),
-    sre.CATEGORY_WORD: _table(r"\w"),
-    sre.CATEGORY_NOT_WORD: _table(r"\W"),
-}
-_LETTERS = _table(r"[A-Za-z]")
-
-
-def _fold(mask: int) -> int:
-    """Add the other case of every ASCII letter in ``mask`` (IGNORECASE); a non-ASCII bit may fold to any letter."""
-    out = mask
-    for c in range(ord("A"), ord("Z") + 1):
-        if mask & (1 << c) or mask & (1 << (c + 32)):
-            out |= (1 << c) | (1 << (c + 32))
-    if mask & _OTHER:
-        out |= _LETTERS  # e.g. the Kelvin sign matches 'k' under IGNORECASE
-    return out
-
-
-def _char(code: int) -> int:
-    return 1 << code if code < _ASCII else _OTHER
-
-
-def _set_mask(items: list[tuple[object, object]], ignorecase: bool) -> int:
-    mask, negate = 0, False
-    for op, av in items:
-        if op is sre.NEGATE:
-            negate = True
-        elif op is sre.LITERAL:
-            mask |= _char(av)  # type: ignore[arg-type]
-        elif op is sre.RANGE:
-            lo, hi = av  # type: ignore[misc]
-            mask |= sum(1 << c for c in range(lo, min(hi, _ASCII - 1) + 1)) if lo < _ASCII else 0
-            if hi >= _ASCII:
-                mask |= _OTHER
-        elif op is sre.CATEGORY:
-            mask |= _CATEGORIES.get(av, _ALL) | _OTHER
-        else:  # an opcode this table does not know: assume it matches anything (errs towards refusing)
-            mask |= _ALL
-    if ignorecase:
-        mask = _fold(mask)
-    if negate:
-        mask = (~mask & (_ALL ^ _OTHER)) | _OTHER
-    return mask
-
-
-def _atom_mask(op: object, av: object, flags: int) -> int:
-    ignorecase = bool(flags & sre.SRE_FLAG_IGNORECASE)
-    if op is sre.LITERAL:
-        mask = _char(av)  # type: ignore[arg-type]
-        return _fold(mask) if ignorecase else mask
-    if op is sre.NOT_LITERAL:
-        return _ALL  # everything but one character: overlaps with any set that matters
-    if op is sre.ANY:
-        return _ALL
-    if op is sre.IN:
-        return _set_mask(av, ignorecase)  # type: ignore[arg-type]
-    return _ALL
 
 
 def _add(into: dict[int, int], more: dict[int, int], times: int = 1) -> dict[int, int]:
@@ -190,7 +119,7 @@ class _Automaton:
 
     def item(self, op: object, av: object, flags: int) -> _Fragment:
         if op in (sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN):
-            return self.atom(_atom_mask(op, av, flags))
+            return self.atom(atom_mask(op, av, flags))
         if op is sre.SUBPATTERN:
             _group, add, remove, sub = av  # type: ignore[misc]
             return self.sequence(sub, (flags | add) & ~remove)
@@ -205,13 +134,13 @@ class _Automaton:
             self.sequence(av[1], flags)  # type: ignore[index]  # its own atoms: checked, not connected
             return _Fragment()
         if op is sre.GROUPREF:
-            return self.loop(self.atom(_ALL), at_least_once=False)
+            return self.loop(self.atom(ALL), at_least_once=False)
         if op is sre.GROUPREF_EXISTS:
             _group, yes, no = av  # type: ignore[misc]
             return self.alt([self.sequence(yes, flags), self.sequence(no, flags) if no else _Fragment()])
         if op is sre.AT:
             return _Fragment()
-        return self.loop(self.atom(_ALL), at_least_once=False)  # unknown: as '.*' (errs towards refusing)
+        return self.loop(self.atom(ALL), at_least_once=False)  # unknown: as '.*' (errs towards refusing)
 
     def repeat(self, lo: int, hi: int, sub: list[tuple[object, object]], flags: int) -> _Fragment:
         if hi == 0:
@@ -262,7 +191,7 @@ class _Automaton:
                     succ[here].append(there)
                     if q1 != q2 or (p1 == p2 and m1 >= _MANY and m2 >= _MANY):
                         diverge.append((here, there))
-        component = _components(succ)
+        component = strong_components(succ)
         has_diagonal = {component[i] for i, d in enumerate(diagonal) if d}
         return any(component[a] == component[b] and component[a] in has_diagonal for a, b in diverge)
 
@@ -272,7 +201,7 @@ class _Automaton:
         every such step multiplies the ways by the name's length. A literal in between (``.*attn.*qkv``) does not
         count: it can only be crossed where it occurs."""
         looping = [p for p, row in enumerate(self.follow) if p in row]
-        component = _components([list(self.follow[p]) for p in range(len(self.masks))])
+        component = strong_components([list(self.follow[p]) for p in range(len(self.masks))])
         nxt = {p: [q for q in self._reach(p) if component[q] != component[p]] for p in looping}
         memo: dict[int, int] = {}
 
@@ -307,53 +236,6 @@ class _Automaton:
         return out
 
 
-def _components(succ: list[list[int]]) -> list[int]:
-    """Strongly connected components (iterative Tarjan): the component number of every node."""
-    n = len(succ)
-    order = [-1] * n
-    low = [0] * n
-    comp = [-1] * n
-    on_stack = [False] * n
-    stack: list[int] = []
-    counter = 0
-    ncomp = 0
-    for root in range(n):
-        if order[root] != -1:
-            continue
-        work: list[tuple[int, Iterator[int]]] = [(root, iter(succ[root]))]
-        order[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack[root] = True
-        while work:
-            node, it = work[-1]
-            advanced = False
-            for nxt in it:
-                if order[nxt] == -1:
-                    order[nxt] = low[nxt] = counter
-                    counter += 1
-                    stack.append(nxt)
-                    on_stack[nxt] = True
-                    work.append((nxt, iter(succ[nxt])))
-                    advanced = True
-                    break
-                if on_stack[nxt]:
-                    low[node] = min(low[node], order[nxt])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == order[node]:
-                while True:
-                    member = stack.pop()
-                    on_stack[member] = False
-                    comp[member] = ncomp
-                    if member == node:
-                        break
-                ncomp += 1
-    return comp
 
 
 @dataclass(frozen=True)
