@@ -42,6 +42,7 @@ from bridge_freeze_plugin.planning._activations import (
     vision_stack,
 )
 from bridge_freeze_plugin.planning._layout import Layout
+from bridge_freeze_plugin.planning._layout_fit import check_layout_fits
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -189,6 +190,7 @@ def _configure(provider: Any, layout: Layout) -> None:
             setattr(provider, name, value)
     if layout.pp > 1 and getattr(provider, "pipeline_dtype", None) is None:
         provider.pipeline_dtype = provider.params_dtype
+    check_layout_fits(provider, layout)  # what megatron-core would assert, bare, while building a layer
     try:
         provider.finalize()
     except Exception as exc:  # megatron-core / Bridge refuse this layout for this model
