@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import re
+import sys
 from typing import Any
 
 from bridge_freeze_plugin.cli._common import (
@@ -119,7 +120,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                           "affected family keeps the vision encoder's activations, as the plugin's fix does")
     act.add_argument("--gpu-memory", metavar="SIZE", type=_memory_size, default=None,
                      help="one GPU's memory, e.g. 80GiB, 141GB or 80 (GiB): says whether the largest rank fits")
-    plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0), default=DEFAULT_MAX_LAYER_BLOCKS,
+    plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0, sys.maxsize, maximum_text="2**63 - 1"),
+                      default=DEFAULT_MAX_LAYER_BLOCKS,
                       help="refuse an --hf-config whose build is larger than N layer blocks: layers x (1 + "
                            f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about twice the "
                            "largest family config, about 2 minutes; 0: no limit), checked before anything is built")
@@ -129,6 +131,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return plan
 
 
+#: ``--gpu-memory`` at most: far above any GPU, and below a float's range.
+_MAX_MEMORY = 2**60
 _UNITS = {"": 2**30, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -139,7 +143,10 @@ def _memory_size(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"must be a memory size such as 80GiB, 141GB or 80 (GiB), got {text!r}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if size > _MAX_MEMORY:  # also a number too long for a float (inf)
+        raise argparse.ArgumentTypeError(f"must be a memory size up to 1 EiB (2**60 bytes), got {text!r}")
+    return int(size)
 
 
 def _human_bytes(n: int) -> str:

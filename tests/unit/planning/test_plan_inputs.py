@@ -144,7 +144,7 @@ def test_max_layer_blocks_below_zero_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "--hf-config", "x", "--max-layer-blocks", "-1"])
     assert exit_info.value.code == 2
-    assert "argument --max-layer-blocks: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+    assert "argument --max-layer-blocks: must be an integer from 0 to 2**63 - 1, got '-1'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("with_tiny", [False, True])

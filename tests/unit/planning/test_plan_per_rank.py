@@ -122,7 +122,7 @@ def test_plan_json_lists_every_rank_position_and_the_fit(forked_command):
 @pytest.mark.parametrize(("args", "message"), [
     (("--vp", "2"), "--virtual-pipeline-model-parallel-size 2 needs a pipeline"),
     (("--ep", "4", "--dp", "1"), "the smallest data-parallel size that fits is 4"),
-    (("--tp", "0"), "argument --tensor-model-parallel-size/--tp: must be an integer >= 1, got '0'"),
+    (("--tp", "0"), "argument --tensor-model-parallel-size/--tp: must be an integer from 1 to 2,147,483,647, got '0'"),
     (("--gpu-memory", "lots"), "must be a memory size such as 80GiB"),
     (("--dp-size", "4", "--dp", "2", "--use-distributed-optimizer"), "--dp-size 4 and the layout's distributed"),
 ])
