@@ -97,7 +97,8 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
     "negative heads": (_changed("vision_config.num_heads", -4), ("`vision_config.num_heads` is -4",)),
     # 10**6 layers x (4 experts + 1) + 2 vision layers: refused before any build, with the way out.
     "a million layers": (_changed("text_config.num_hidden_layers", 10**6),
-                         ("would build 5,000,002 layer blocks", "`text_config.num_hidden_layers`: 5,000,000",
+                         ("would build 5,000,002 layer blocks",
+                          "`text_config.num_hidden_layers` = 1,000,000 x (1 + 4 experts): 5,000,000",
                           "more than the limit of 50,000", "--max-layer-blocks N")),
 }
 
