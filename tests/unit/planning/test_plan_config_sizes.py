@@ -23,6 +23,10 @@ from bridge_freeze_plugin.cli import main
 from bridge_freeze_plugin.errors import PlanError
 from bridge_freeze_plugin.planning._config_checks import check_hf_config
 
+#: The checks of the ERNIE-4.5-VL and Qwen3-ASR configs import Bridge (it registers their config classes with
+#: transformers): about 20 s, so not in ``make test-fast``.
+pytestmark = pytest.mark.bridge
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf_configs"
 PUBLISHED = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file())
 #: The first check of a type transformers does not know imports Bridge (its vendored configs): about 20 s here.
