@@ -20,6 +20,15 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
 #: torch.manual_seed takes up to 2**64 - 1; negative seeds are refused rather than wrapped.
 MAX_SEED = 2**64 - 1
+#: The largest count plan and demo take for a size the run hands to torch / megatron-core as a 32-bit integer
+#: (a parallel size, a world, a sequence length, a batch): every integer option has a maximum, checked by argparse
+#: before anything runs (an unbounded one ran and then failed deep inside, e.g. ``OverflowError`` in Bridge).
+MAX_COUNT = 2**31 - 1
+#: ``demo --steps``: CPU iterations of a tiny model (about a second each); Bridge's data loader sizes its dataset
+#: as iterations x global batch, which must fit an index (``--steps 10**23`` ended in ``OverflowError``).
+MAX_STEPS = 1_000_000
+#: ``--lora-rank``: above any model's hidden size (a rank past a layer's width only adds parameters).
+MAX_LORA_RANK = 65_536
 
 
 def out(text: str = "") -> None:
@@ -48,19 +57,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
-def bounded_int(minimum: int, maximum: int | None = None, *, maximum_text: str = "") -> Callable[[str], int]:
-    """An argparse ``type``: an integer in [minimum, maximum], else a usage error at parse time."""
-    if maximum is None:
-        what = f"an integer >= {minimum}"
-    else:
-        what = f"an integer from {minimum} to {maximum_text or maximum}"
+def bounded_int(minimum: int, maximum: int = MAX_COUNT, *, maximum_text: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [minimum, maximum] (default :data:`MAX_COUNT`), else a usage error at
+    parse time."""
+    what = f"an integer from {minimum} to {maximum_text or f'{maximum:,}'}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
+        if value < minimum or value > maximum:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 

@@ -27,6 +27,7 @@ from bridge_freeze_plugin.cli._common import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     MAX_SEED,
+    MAX_STEPS,
     add_selection_flags,
     add_subcommand,
     bounded_int,
@@ -82,8 +83,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "  bridge-freeze demo --workdir /tmp/flow      # keep the checkpoints and the export there",
     )
     demo.add_argument("model", nargs="?", default="qwen3_vl", help="family to run (default qwen3_vl)")
-    demo.add_argument("--steps", type=bounded_int(1), default=5,
-                      help="training iterations of Bridge's finetune(), at least 1 (default 5)")
+    demo.add_argument("--steps", type=bounded_int(1, MAX_STEPS), default=5,
+                      help=f"training iterations of Bridge's finetune(), 1 to {MAX_STEPS:,} (default 5)")
     demo.add_argument("--seed", type=bounded_int(0, MAX_SEED, maximum_text="2**64 - 1"), default=0,
                       help="random seed of the HF checkpoint's weights and the synthetic data (default 0; "
                            "folded to 31 bits for Megatron's RNG)")

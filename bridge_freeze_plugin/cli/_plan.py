@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import re
+import sys
 from typing import Any
 
 from bridge_freeze_plugin.cli._common import (
@@ -71,6 +72,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_selection_flags(plan, demo=False)
     add_pattern_options(plan)
     add_lora_options(plan)
+    _add_estimate_options(plan)
+    _add_layout_options(plan)
+    _add_activation_options(plan)
+    plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0, sys.maxsize, maximum_text="2**63 - 1"),
+                      default=DEFAULT_MAX_LAYER_BLOCKS,
+                      help="refuse an --hf-config whose build is larger than N layer blocks: layers x (1 + "
+                           f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about twice the "
+                           "largest family config, about 2 minutes; 0: no limit), checked before anything is built")
+    plan.add_argument("--json", action="store_true",
+                      help="machine-readable output, including every parameter (schema: docs/cli.md)")
+    finish_subcommand(plan, run)
+    return plan
+
+
+def _add_estimate_options(plan: argparse.ArgumentParser) -> None:
     est = plan.add_argument_group("memory estimate assumptions")
     dtypes = ["fp32", "bf16", "fp16"]
     est.add_argument("--param-dtype", choices=dtypes, default="bf16", help="weights (default bf16)")
@@ -84,6 +100,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     est.add_argument("--dp-size", type=bounded_int(1), default=None,
                      help="the part table only: data-parallel ranks the distributed optimizer shards optimizer "
                           "state over, at least 1 (default 1; with --use-distributed-optimizer: --dp)")
+
+
+def _add_layout_options(plan: argparse.ArgumentParser) -> None:
     layout = plan.add_argument_group(
         "parallel layout (per-rank figures; Megatron's own option names)",
         "Each distinct rank position (tp, pp, ep) is built for real on the meta device; data-parallel "
@@ -108,6 +127,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     layout.add_argument("--use-distributed-optimizer", action="store_true",
                         help="shard the optimizer state (fp32 master weights included) over data-parallel ranks "
                              "as megatron-core's distributed optimizer does")
+
+
+def _add_activation_options(plan: argparse.ArgumentParser) -> None:
+    size = bounded_int(1)
     act = plan.add_argument_group("activation estimate (per micro-batch, per rank)")
     act.add_argument("--seq-length", metavar="N", type=size, default=4096, help="sequence length (default 4096)")
     act.add_argument("--micro-batch-size", metavar="N", type=size, default=1, help="micro-batch size (default 1)")
@@ -119,16 +142,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                           "affected family keeps the vision encoder's activations, as the plugin's fix does")
     act.add_argument("--gpu-memory", metavar="SIZE", type=_memory_size, default=None,
                      help="one GPU's memory, e.g. 80GiB, 141GB or 80 (GiB): says whether the largest rank fits")
-    plan.add_argument("--max-layer-blocks", metavar="N", type=bounded_int(0), default=DEFAULT_MAX_LAYER_BLOCKS,
-                      help="refuse an --hf-config whose build is larger than N layer blocks: layers x (1 + "
-                           f"experts), summed over its stacks (default {DEFAULT_MAX_LAYER_BLOCKS:,}, about twice the "
-                           "largest family config, about 2 minutes; 0: no limit), checked before anything is built")
-    plan.add_argument("--json", action="store_true",
-                      help="machine-readable output, including every parameter (schema: docs/cli.md)")
-    finish_subcommand(plan, run)
-    return plan
 
 
+#: ``--gpu-memory`` at most: far above any GPU, and below a float's range.
+_MAX_MEMORY = 2**60
 _UNITS = {"": 2**30, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -139,7 +156,10 @@ def _memory_size(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"must be a memory size such as 80GiB, 141GB or 80 (GiB), got {text!r}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if size > _MAX_MEMORY:  # also a number too long for a float (inf)
+        raise argparse.ArgumentTypeError(f"must be a memory size up to 1 EiB (2**60 bytes), got {text!r}")
+    return int(size)
 
 
 def _human_bytes(n: int) -> str:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from bridge_freeze_plugin.cli._common import MAX_LORA_RANK, bounded_int
 from bridge_freeze_plugin.errors import CommandError
 from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection, Part, PartInfo, check_lora_targets
 
@@ -42,7 +43,8 @@ def add_pattern_options(parser: argparse.ArgumentParser) -> None:
 
 def add_lora_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LoRA (with flags: the parts whose flag is off train at full rank)")
-    group.add_argument("--lora-rank", metavar="N", type=_nonnegative_int, default=0, help="LoRA rank (0: off)")
+    group.add_argument("--lora-rank", metavar="N", type=bounded_int(0, MAX_LORA_RANK), default=0,
+                       help=f"LoRA rank, 0 to {MAX_LORA_RANK:,} (0: off)")
     group.add_argument("--lora-target-modules", metavar="NAME", nargs="+", default=None,
                        help="LoRA target modules (default: Bridge's LoRA defaults, linear_qkv linear_proj "
                             "linear_fc1 linear_fc2)")
@@ -56,16 +58,6 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                                 "it unchanged)")
     group.add_argument("--recompute", choices=["none", "full"], default="none",
                        help="full activation recompute (uniform, 1 layer per chunk); default none")
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
 
 
 def with_patterns(selection: FreezeSelection, args: argparse.Namespace) -> FreezeSelection:

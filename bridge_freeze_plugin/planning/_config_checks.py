@@ -5,11 +5,14 @@ Each refusal is a :class:`~bridge_freeze_plugin.errors.PlanError` naming the fil
 - the file itself: UTF-8 text, not empty, valid JSON, one JSON object at the top level;
 - ``model_type``: present, a string, and a type the installed transformers knows or that
   :mod:`.offline_configs` reads offline (no remote code runs); otherwise the message lists the types plan reads;
-- the sizes the build reads (:data:`SIZE_KEYS`, at any depth): a positive integer when they are integers
-  (other wrong types are transformers' own field validation, translated by :func:`field_error`);
+- the sizes the build reads (:data:`SIZE_KEYS`, in every (sub-)config, under the key its class keeps each in:
+  :mod:`.config_sizes`): a positive integer when they are integers (other wrong types are transformers' own
+  field validation, translated by :func:`field_error`); and every integer size a (sub-)config holds at most
+  :data:`~.config_sizes.MAX_SIZE`;
 - the size of the build: a meta-device build takes time in proportion to the modules it creates, about
   one per layer and one per expert of a layer. :func:`layer_blocks` counts, over every (sub-)config,
-  layers x (1 + experts per layer); above ``max_layer_blocks`` (default :data:`DEFAULT_MAX_LAYER_BLOCKS`,
+  layers x (1 + experts per layer), each read by what the sub-config's class declares (a Whisper-style audio
+  encoder's ``encoder_layers``); above ``max_layer_blocks`` (default :data:`DEFAULT_MAX_LAYER_BLOCKS`,
   0: no limit) the plan is refused before anything is built.
 """
 
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import PlanError
+from bridge_freeze_plugin.planning._config_sizes import aliases, check_size_limits, config_nodes, stack
 
 #: Integer sizes the build reads: when one holds an integer, it must be positive (``null``: the default).
 SIZE_KEYS = frozenset({
@@ -29,9 +33,6 @@ SIZE_KEYS = frozenset({
     "moe_intermediate_size", "vocab_size", "head_dim", "depth", "num_heads", "out_hidden_size", "patch_size",
     "num_layers",
 })
-#: Keys that count a stack's layers, and its routed experts per layer (an integer, or a list summed).
-LAYER_KEYS = ("num_hidden_layers", "num_layers", "depth", "n_layers")
-EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
 
 #: Refuse a build above this many layer blocks: about twice Kimi K2.5's (61 layers x (384 + 1) + vision, about
 #: 23,500), the largest family config. Measured on 2 shared cores: about 2 ms and 50 KB of memory per block
@@ -174,43 +175,35 @@ def _is_int(value: Any) -> bool:
 
 
 def check_sizes(doc: dict[str, Any], cfg_file: Path) -> None:
-    """Every integer size the build reads is positive."""
-    for path, node in _walk(doc):
-        for key in sorted(SIZE_KEYS & node.keys()):
+    """Every integer size the build reads is positive (under the name its class keeps it, e.g. ``d_model``)."""
+    for path, node, cls in config_nodes(doc):
+        keys = {alias for name in SIZE_KEYS for alias in aliases(cls, name)}
+        for key in sorted(keys & node.keys()):
             value = node[key]
             if _is_int(value) and value < 1:
                 raise PlanError(f"{cfg_file}: `{path}{key}` is {value}, but a size must be a positive integer: "
                                 f"fix `{path}{key}` in config.json")
 
 
-def _experts(node: dict[str, Any]) -> int:
-    counts = [0]
-    for key in EXPERT_KEYS:
-        value = node.get(key)
-        if _is_int(value):
-            counts.append(max(value, 0))
-        elif isinstance(value, list):
-            counts.append(sum(max(v, 0) for v in value if _is_int(v)))
-    return max(counts)
-
-
-def layer_blocks(doc: dict[str, Any]) -> list[tuple[str, int]]:
-    """``(dotted layer key, layers x (1 + experts))`` for every stack of the config, largest first."""
+def layer_blocks(doc: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """``(dotted layer key, layers, experts per layer, layers x (1 + experts))`` for every stack of the config
+    (:func:`.config_sizes.stack`: by what each sub-config's class declares), largest first."""
     blocks = []
-    for path, node in _walk(doc):
-        layers = [(node[key], key) for key in LAYER_KEYS if _is_int(node.get(key))]
-        if layers:
-            count, key = max(layers)
-            blocks.append((f"{path}{key}", max(count, 0) * (1 + _experts(node))))
-    return sorted(blocks, key=lambda item: -item[1])
+    for path, node, cls in config_nodes(doc):
+        found = stack(node, cls)
+        if found is not None:
+            key, layers, experts = found
+            blocks.append((f"{path}{key}", layers, experts, layers * (1 + experts)))
+    return sorted(blocks, key=lambda item: -item[3])
 
 
 def check_build_size(doc: dict[str, Any], cfg_file: Path, max_layer_blocks: int) -> None:
     """Refuse a config whose build would create more than ``max_layer_blocks`` layer blocks (0: no limit)."""
     blocks = layer_blocks(doc)
-    total = sum(n for _, n in blocks)
+    total = sum(item[3] for item in blocks)
     if max_layer_blocks and total > max_layer_blocks:
-        where = ", ".join(f"`{key}`: {n:,}" for key, n in blocks[:3])
+        where = ", ".join(f"`{key}` = {layers:,}" + (f" x (1 + {experts:,} experts)" if experts else "") + f": {n:,}"
+                          for key, layers, experts, n in blocks[:3])
         raise PlanError(
             f"{cfg_file} would build {total:,} layer blocks (layers x (1 + experts), per stack: {where}), more "
             f"than the limit of {max_layer_blocks:,} (a build takes time in proportion): check those keys, or "
@@ -223,6 +216,7 @@ def check_hf_config(cfg_file: Path, *, max_layer_blocks: int = DEFAULT_MAX_LAYER
     doc = read_config(cfg_file)
     check_model_type(doc, cfg_file)
     check_sizes(doc, cfg_file)
+    check_size_limits(doc, cfg_file)
     check_build_size(doc, cfg_file, max_layer_blocks)
     return doc
 

@@ -31,6 +31,10 @@ _FLAGS = {
 }
 
 
+#: The most ranks a world may have: torch's process groups number ranks with a 32-bit integer.
+MAX_WORLD_SIZE = 2**31 - 1
+
+
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlanError(f"{_FLAGS[name]} must be a positive integer, got {value!r}")
@@ -61,6 +65,11 @@ class Layout:
         if self.vp is not None and self.pp < 2:
             raise PlanError(f"{_FLAGS['vp']} {self.vp} needs a pipeline: give {_FLAGS['pp']} 2 or more "
                             f"(virtual pipeline stages interleave the stages of a pipeline)")
+        sizes = " x ".join(f"{_FLAGS[n]} {getattr(self, n)}" for n in ("tp", "pp", "dp") if getattr(self, n))
+        if self.tp * self.pp * (self.dp or 1) > MAX_WORLD_SIZE or self.expert_tp * self.ep > MAX_WORLD_SIZE:
+            raise PlanError(f"the layout ({sizes}, expert-tensor x expert parallel {self.expert_tp} x {self.ep}) "
+                            f"needs more than {MAX_WORLD_SIZE:,} GPUs, the most torch's process groups number: "
+                            f"give smaller sizes")
         if self.dp is not None and (self.tp * self.dp) % (self.expert_tp * self.ep):
             raise PlanError(
                 f"{_FLAGS['dp']} {self.dp} does not fit the expert layout: megatron-core needs tensor x data "

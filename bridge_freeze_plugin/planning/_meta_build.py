@@ -195,14 +195,7 @@ def plan_model(
     provider_name = provider_label(chosen.provider)
     make_freezable(chosen.provider, selection)
     started = time.perf_counter()
-    try:
-        built, base_names = build_meta_model(chosen.provider, family_name=chosen.family.name,
-                                             tiny_name=chosen.tiny_name,
-                                             lora=None if lora is None else lora(chosen.provider))
-    except BridgeFreezeError:
-        raise
-    except Exception as exc:  # a failing Bridge build becomes one readable line
-        raise PlanError(f"building {provider_name} on the meta device failed: {error_line(exc)}") from exc
+    built, base_names = _build_whole(chosen, provider_name, lora)
     seconds = time.perf_counter() - started
     params = collect_params(built, chosen.family, base_names)
     sync = plan_sync(chosen.hf_config[0] if chosen.hf_config else None, built, assumptions.param_dtype)
@@ -211,17 +204,7 @@ def plan_model(
         ranks, recompute = _per_rank(chosen, selection, assumptions, layout, activation, lora)
     else:
         ranks, recompute = _single_rank(chosen, selection, params, assumptions, activation)
-    built_parts = {p.part for p in params}
-    settings = {
-        "seq_length": activation.seq_length,
-        "micro_batch_size": activation.micro_batch_size,
-        "vision_tokens": activation.patches if Part.VISION_MODEL in built_parts else 0,
-        # the estimate covers the language model and a vision encoder; an audio encoder's are not counted
-        "not_estimated": [p.value for p in (Part.AUDIO_MODEL, Part.AUDIO_PROJECTION) if p in built_parts],
-        "recompute": recompute,
-        "activation_dtype": assumptions.param_dtype,
-        "sequence_parallel": layout.tp > 1,
-    }
+    settings = _activation_document(activation, {p.part for p in params}, recompute, assumptions, layout)
     plan = make_plan(
         params,
         family=chosen.family.name,
@@ -238,6 +221,32 @@ def plan_model(
         per_rank_seconds=time.perf_counter() - started,
     )
     return dataclasses.replace(plan, sync=sync[0], sync_unavailable=sync[1])
+
+
+def _build_whole(chosen: _Chosen, provider_name: str, lora: Callable[[Any], Any] | None) -> tuple[Any, Any]:
+    """The whole model on the meta device (:func:`build_meta_model`); a failing Bridge build as one line."""
+    try:
+        return build_meta_model(chosen.provider, family_name=chosen.family.name, tiny_name=chosen.tiny_name,
+                                lora=None if lora is None else lora(chosen.provider))
+    except BridgeFreezeError:
+        raise
+    except Exception as exc:  # a failing Bridge build becomes one readable line
+        raise PlanError(f"building {provider_name} on the meta device failed: {error_line(exc)}") from exc
+
+
+def _activation_document(activation: ActivationSettings, built_parts: set[Part], recompute: str,
+                         assumptions: MemoryAssumptions, layout: Layout) -> dict[str, Any]:
+    """What the activation estimate assumed, for the plan's ``activation`` entry."""
+    return {
+        "seq_length": activation.seq_length,
+        "micro_batch_size": activation.micro_batch_size,
+        "vision_tokens": activation.patches if Part.VISION_MODEL in built_parts else 0,
+        # the estimate covers the language model and a vision encoder; an audio encoder's are not counted
+        "not_estimated": [p.value for p in (Part.AUDIO_MODEL, Part.AUDIO_PROJECTION) if p in built_parts],
+        "recompute": recompute,
+        "activation_dtype": assumptions.param_dtype,
+        "sequence_parallel": layout.tp > 1,
+    }
 
 
 def _provider_factory(chosen: _Chosen) -> Callable[[], Any]:

@@ -14,14 +14,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 350
 MAX_FUNCTION_LINES = 60
-FOLDERS = ["bridge_freeze_plugin/request", "bridge_freeze_plugin/families", "bridge_freeze_plugin/optim"]
+FOLDERS = [
+    "bridge_freeze_plugin/request",
+    "bridge_freeze_plugin/families",
+    "bridge_freeze_plugin/optim",
+    "bridge_freeze_plugin/planning",
+    "bridge_freeze_plugin/cli",
+]
 #: The folders still to split; once one complies, move its line to FOLDERS. Every folder is in one of the two lists.
 TO_DO = [
     "bridge_freeze_plugin/activation",
-    "bridge_freeze_plugin/cli",
     "bridge_freeze_plugin/config",
     "bridge_freeze_plugin/export",
-    "bridge_freeze_plugin/planning",
     "bridge_freeze_plugin/prewrap",
     "bridge_freeze_harness",
 ]

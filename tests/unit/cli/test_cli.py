@@ -308,9 +308,58 @@ def test_demo_refusals_are_one_line_before_any_work(tmp_path):
 def test_demo_steps_below_one_fail_at_parse_time(steps):
     out = run("demo", "--steps", steps)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr == (f"bridge-freeze demo: error: argument --steps: must be an integer >= 1, got {steps!r} "
+    assert out.stderr == (f"bridge-freeze demo: error: argument --steps: must be an integer from 1 to 1,000,000, "
+                          f"got {steps!r} "
                           "(see bridge-freeze demo --help)\n")
     assert out.stdout == ""  # refused before any model was built (the build prints its report on stdout)
+
+
+BIG = "99999999999999999999999"
+#: Every integer option of plan and demo, too large: refused by argparse, one line, before anything runs (issue 37
+#: item 8: ``demo --steps 99999999999999999999999`` passed, trained, then ended in ``OverflowError`` in Bridge).
+TOO_LARGE = [
+    (("demo", "--steps", BIG), "argument --steps: must be an integer from 1 to 1,000,000"),
+    (("demo", "--steps", "1000001"), "argument --steps: must be an integer from 1 to 1,000,000"),
+    (("demo", "--seed", str(2**64)), "argument --seed: must be an integer from 0 to 2**64 - 1"),
+    (("demo", "--lora-rank", BIG), "argument --lora-rank: must be an integer from 0 to 65,536"),
+    (("plan", "qwen3_vl", "--tiny", "--lora-rank", "65537"),
+     "argument --lora-rank: must be an integer from 0 to 65,536"),
+    *[(("plan", "qwen3_vl", "--tiny", option, BIG), f"argument {name}: must be an integer from {low} to 2,147,483,647")
+      for option, name, low in [
+          ("--tp", "--tensor-model-parallel-size/--tp", 1), ("--pp", "--pipeline-model-parallel-size/--pp", 1),
+          ("--vp", "--virtual-pipeline-model-parallel-size/--vp", 1),
+          ("--ep", "--expert-model-parallel-size/--ep", 1), ("--etp", "--expert-tensor-parallel-size/--etp", 1),
+          ("--dp", "--data-parallel-size/--dp", 1), ("--dp-size", "--dp-size", 1),
+          ("--decoder-first-pipeline-num-layers", "--decoder-first-pipeline-num-layers", 1),
+          ("--decoder-last-pipeline-num-layers", "--decoder-last-pipeline-num-layers", 1),
+          ("--seq-length", "--seq-length", 1), ("--micro-batch-size", "--micro-batch-size", 1),
+          ("--vision-tokens", "--vision-tokens", 0)]],
+    (("plan", "qwen3_vl", "--tiny", "--max-layer-blocks", BIG * 2),
+     "argument --max-layer-blocks: must be an integer from 0 to 2**63 - 1"),
+    (("plan", "qwen3_vl", "--tiny", "--gpu-memory", "9" * 400), "argument --gpu-memory: must be a memory size up to"),
+    (("plan", "qwen3_vl", "--tiny", "--gpu-memory", "2EiB"), "argument --gpu-memory: must be a memory size such as"),
+    (("plan", "qwen3_vl", "--tiny", "--gpu-memory", "2000000TiB"), "argument --gpu-memory: must be a memory size up"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), TOO_LARGE)
+def test_every_integer_option_has_a_maximum_checked_before_anything_runs(capsys, args, message):
+    from bridge_freeze_plugin.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("args", [("--tp", "65536", "--dp", "65536"), ("--pp", "2", "--tp", "2147483647")])
+def test_a_world_larger_than_torch_numbers_is_refused_before_any_build(capsys, args):
+    from bridge_freeze_plugin.cli import main
+
+    assert main(["plan", "qwen3_vl", "--tiny", *args]) == 2
+    err = capsys.readouterr().err
+    assert "needs more than 2,147,483,647 GPUs, the most torch's process groups number" in err, err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,7 +497,8 @@ def test_plan_text_output_and_changed_assumptions():
         (("plan", "no_such_vlm", "--tiny"), "'no_such_vlm' is neither a registered family nor a provider class"),
         (("plan", "qwen3_vl"), "--tiny (the project's tiny test config) or --hf-config PATH"),
         (("plan", "qwen3_vl", "--hf-config", "/no/such/model"), "no config at /no/such/model"),
-        (("plan", "qwen3_vl", "--tiny", "--dp-size", "0"), "argument --dp-size: must be an integer >= 1, got '0'"),
+        (("plan", "qwen3_vl", "--tiny", "--dp-size", "0"),
+         "argument --dp-size: must be an integer from 1 to 2,147,483,647, got '0'"),
         (("plan", "--tiny"), "give MODEL"),
     ],
 )

@@ -97,7 +97,8 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
     "negative heads": (_changed("vision_config.num_heads", -4), ("`vision_config.num_heads` is -4",)),
     # 10**6 layers x (4 experts + 1) + 2 vision layers: refused before any build, with the way out.
     "a million layers": (_changed("text_config.num_hidden_layers", 10**6),
-                         ("would build 5,000,002 layer blocks", "`text_config.num_hidden_layers`: 5,000,000",
+                         ("would build 5,000,002 layer blocks",
+                          "`text_config.num_hidden_layers` = 1,000,000 x (1 + 4 experts): 5,000,000",
                           "more than the limit of 50,000", "--max-layer-blocks N")),
 }
 
@@ -144,7 +145,7 @@ def test_max_layer_blocks_below_zero_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "--hf-config", "x", "--max-layer-blocks", "-1"])
     assert exit_info.value.code == 2
-    assert "argument --max-layer-blocks: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+    assert "argument --max-layer-blocks: must be an integer from 0 to 2**63 - 1, got '-1'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("with_tiny", [False, True])

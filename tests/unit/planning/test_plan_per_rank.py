@@ -122,7 +122,7 @@ def test_plan_json_lists_every_rank_position_and_the_fit(forked_command):
 @pytest.mark.parametrize(("args", "message"), [
     (("--vp", "2"), "--virtual-pipeline-model-parallel-size 2 needs a pipeline"),
     (("--ep", "4", "--dp", "1"), "the smallest data-parallel size that fits is 4"),
-    (("--tp", "0"), "argument --tensor-model-parallel-size/--tp: must be an integer >= 1, got '0'"),
+    (("--tp", "0"), "argument --tensor-model-parallel-size/--tp: must be an integer from 1 to 2,147,483,647, got '0'"),
     (("--gpu-memory", "lots"), "must be a memory size such as 80GiB"),
     (("--dp-size", "4", "--dp", "2", "--use-distributed-optimizer"), "--dp-size 4 and the layout's distributed"),
 ])
@@ -136,6 +136,47 @@ def test_layout_options_are_refused_before_any_build(capsys, args, message):
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+#: Layouts the tiny Qwen3-VL-MoE (2 language-model layers, 4 experts of FFN size 32) cannot take, each refused before
+#: any build with the option, its value, the model's count and the valid choices (megatron-core asserts the first
+#: four bare while building a layer, and lets the last two through: a stage of -7 layers).
+LAYOUTS_THAT_DO_NOT_FIT = [
+    (("--ep", "3"), "--expert-model-parallel-size 3 does not divide this model's 4 experts per layer "
+                    "(num_moe_experts): megatron-core gives each expert-parallel rank the same number of experts; "
+                    "valid choices: 1, 2, 4"),
+    (("--ep", "8"), "--expert-model-parallel-size 8 does not divide this model's 4 experts per layer"),
+    (("--etp", "3"), "--expert-tensor-parallel-size 3 does not divide this model's expert FFN size 32 "
+                     "(moe_ffn_hidden_size): megatron-core splits each expert's FFN evenly over the "
+                     "expert-tensor-parallel ranks; valid choices: 1, 2, 4, 8, 16, 32"),
+    (("--pp", "3"), "--pipeline-model-parallel-size 3 does not divide this model's 2 language-model layers "
+                    "(num_layers): each pipeline stage holds the same number; valid choices: 1, 2, or give"),
+    (("--pp", "2", "--vp", "3"), "--virtual-pipeline-model-parallel-size 3 does not divide the 1 language-model "
+                                 "layers of each pipeline stage (2 layers / --pipeline-model-parallel-size 2)"),
+    (("--pp", "2", "--decoder-first-pipeline-num-layers", "9"),
+     "--decoder-first-pipeline-num-layers 9 with --pipeline-model-parallel-size 2 does not fit this model's 2 "
+     "language-model layers (num_layers): 0 layers would be left for 1 middle stage(s)"),
+    (("--pp", "3", "--decoder-first-pipeline-num-layers", "1", "--decoder-last-pipeline-num-layers", "1"),
+     "0 layers would be left for 1 middle stage(s)"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), LAYOUTS_THAT_DO_NOT_FIT)
+def test_a_layout_the_models_counts_do_not_take_is_refused_by_name(cpu_bridge, capsys, args, message):
+    """Issue 37 item 9: expert parallel against the experts (and its siblings) named like TP against heads."""
+    from bridge_freeze_plugin.cli import main
+
+    assert main(["plan", "qwen3_vl_moe", "--tiny", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "AssertionError" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_dense_model_refuses_expert_parallel_by_name(cpu_bridge, capsys):
+    from bridge_freeze_plugin.cli import main
+
+    assert main(["plan", "qwen3_vl", "--tiny", "--ep", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--expert-model-parallel-size 2: this model has no routed experts" in err, err
 
 
 # --- activations --------------------------------------------------------------------------------------------
