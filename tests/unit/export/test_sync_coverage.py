@@ -1,0 +1,90 @@
+"""Every parameter that trains leaves with the trainable-only weight sync, or the sync refuses (issue 37, item 3).
+
+Real tiny Bridge models built from tiny random HF checkpoints (the user's flow: ``AutoBridge.from_hf_pretrained``
+-> provider -> build). A bridge whose mappings do not cover a trainable parameter (another model's bridge; a
+LoRA ``LinearAdapter`` that no export carries) made :func:`export_trainable_hf_weights` send nothing for it, every
+step, with no error; it now raises :class:`TrainableSyncError` naming the parameter, the model and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, cpu_bridge) -> Callable[[str], Path]:
+    from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
+
+    root = tmp_path_factory.mktemp("hf")
+    written: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in written:
+            written[family] = write_tiny_hf_checkpoint(family, root / family, seed=0)
+        return written[family]
+
+    return get
+
+
+def _built(checkpoint: Path, family: str, hook: Any = None, **fields: Any) -> tuple[Any, list[Any]]:
+    from megatron.bridge import AutoBridge
+
+    from bridge_freeze_harness.hf_checkpoint import cpu_provider
+    from bridge_freeze_harness.tiny import build_tiny_chunks
+
+    bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
+    provider = cpu_provider(bridge, family, **fields)
+    if hook is not None:
+        provider.register_pre_wrap_hook(hook)
+    return bridge, build_tiny_chunks(family, provider=provider)
+
+
+def test_another_models_bridge_is_refused_naming_a_trainable_parameter(checkpoints):
+    from megatron.bridge import AutoBridge
+
+    from bridge_freeze_plugin import TrainableSyncError, export_trainable_hf_weights
+
+    _, chunks = _built(checkpoints("qwen3_vl"), "qwen3_vl", freeze_language_model=True, freeze_vision_model=True)
+    trainable = sorted(n for c in chunks for n, p in c.named_parameters() if p.requires_grad)
+    assert trainable and all(n.startswith("vision_model.") for n in trainable)
+    other = AutoBridge.from_hf_pretrained(str(checkpoints("gemma3_vl")))
+    with pytest.raises(TrainableSyncError) as err:
+        list(export_trainable_hf_weights(other, chunks, show_progress=False))
+    message = str(err.value)
+    assert f"{len(trainable)} trainable parameter(s) of {type(chunks[0]).__name__}" in message
+    assert trainable[0] in message and "AutoBridge the model was built from" in message
+
+
+def test_the_right_bridge_still_syncs(checkpoints):
+    from bridge_freeze_plugin import export_trainable_hf_weights
+
+    bridge, chunks = _built(checkpoints("qwen3_vl"), "qwen3_vl", freeze_language_model=True,
+                            freeze_vision_model=True)
+    sent = [n for n, _ in export_trainable_hf_weights(bridge, chunks, show_progress=False)]
+    assert sent and all(n.startswith("model.visual.") for n in sent)
+
+
+def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_sync(checkpoints):
+    """Sibling: LoRA with no plugin flag (left to Bridge) on Qwen2.5-VL's HF ``visual.blocks.*.attn.qkv``: Bridge's
+    ``LinearAdapter`` weights train, no conversion task carries them (the merge handles ``to_wrap`` bases only)."""
+    from megatron.bridge.peft.lora import LoRA
+
+    from bridge_freeze_plugin import TrainableSyncError, export_trainable_hf_weights
+
+    peft = LoRA(target_modules=["visual.blocks.*qkv"], dim=4, alpha=8)
+
+    def lora(model: Any) -> Any:
+        model = peft(model, training=True)
+        peft.set_params_to_save(model)
+        return model
+
+    bridge, chunks = _built(checkpoints("qwen25_vl"), "qwen25_vl", hook=lora)
+    adapters = sorted(n for c in chunks for n, p in c.named_parameters() if p.requires_grad)
+    assert adapters and all(".attn.qkv.linear_" in n for n in adapters)
+    with pytest.raises(TrainableSyncError) as err:
+        list(export_trainable_hf_weights(bridge, chunks, show_progress=False))
+    assert adapters[0] in str(err.value) and "LinearAdapter" in str(err.value)
