@@ -16,7 +16,10 @@ How (nothing of Bridge's conversion is re-implemented here):
    has ``requires_grad`` (full-rank parts, train patterns); with adapter merging on, a LoRA-wrapped base
    (``...to_wrap.weight``) whose adapters (the ones Bridge's export merges into it,
    ``build_adapter_conversion_tasks``) have ``requires_grad``; a MoE router's ``expert_bias`` buffer that
-   megatron-core updates without gradients (``moe_router_enable_expert_bias`` and not ``frozen_expert_bias``).
+   megatron-core updates without gradients (``moe_router_enable_expert_bias`` and not ``frozen_expert_bias``);
+   the running statistics (``running_mean`` / ``running_var`` / ``num_batches_tracked``, persistent buffers Bridge
+   maps) of a BatchNorm-like module that a forward in train mode updates: one whose part trains (a frozen part's
+   run in eval mode and cannot move: ``prewrap``'s running-statistics rule).
 3. The marks are made model-wide by an ``all_reduce`` (MAX) over the ranks that export together, so a task
    held by another pipeline stage or expert-parallel rank is decided the same way everywhere.
 4. Tasks that feed one HF tensor together are kept together: tasks are linked when their mappings name a common
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import TrainableSyncError
 from bridge_freeze_plugin.export._coverage import untasked_message, untasked_trainable
+from bridge_freeze_plugin.prewrap import stats_move
 from bridge_freeze_plugin.ranks import collective_device
 
 if TYPE_CHECKING:
@@ -221,7 +225,15 @@ def _changes(task: Any, adapter_tasks: dict[str, list[Any]], merge: bool) -> boo
             for side in (adapter.linear_in_task, adapter.linear_out_task):
                 if getattr(side.param_weight, "requires_grad", False):
                     return True
-    return _updated_expert_bias(task)
+    return _updated_expert_bias(task) or _moving_statistics(task)
+
+
+def _moving_statistics(task: Any) -> bool:
+    """A running-statistics buffer of a module whose forward updates it (no gradient): its part trains."""
+    module = task.megatron_module
+    if module is None or not stats_move(module):
+        return False
+    return any(buffer is task.param_weight for buffer in module.buffers(recurse=False))
 
 
 def _updated_expert_bias(task: Any) -> bool:

@@ -88,3 +88,72 @@ def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_sync(checkpoints):
     with pytest.raises(TrainableSyncError) as err:
         list(export_trainable_hf_weights(bridge, chunks, show_progress=False))
     assert adapters[0] in str(err.value) and "LinearAdapter" in str(err.value)
+
+
+# --- running statistics (issue 37, item 2): sent when the part that owns them trains, never when it is frozen ------
+OMNI = "nemotron_omni"
+SOUND_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _omni_bridge_and_tasks(chunk: Any) -> tuple[Any, list[Any]]:
+    """Conversion tasks built as Bridge's export builds them, with NemotronOmniBridge's own mapping registry (which
+    maps the sound encoder's persistent buffers too); the bridge is a stand-in holding that model bridge, because
+    no tiny HF checkpoint of this family can be written offline (its HF model is remote code)."""
+    import itertools
+    from types import SimpleNamespace
+
+    from megatron.bridge.models.conversion.model_bridge import WeightConversionTask
+    from megatron.bridge.models.conversion.utils import get_module_and_param_from_name, persistent_buffers
+    from megatron.bridge.models.nemotron_omni.nemotron_omni_bridge import NemotronOmniBridge
+
+    model_bridge = NemotronOmniBridge()
+    registry = model_bridge.mapping_registry()
+    tasks = []
+    for name, _ in itertools.chain(chunk.named_parameters(), persistent_buffers(chunk)):
+        mapping = registry.megatron_to_hf_lookup(name)
+        if mapping is not None:
+            module, tensor = get_module_and_param_from_name([chunk], name)
+            tasks.append(WeightConversionTask(param_name=name, global_param_name=name, mapping=mapping, pp_rank=0,
+                                              vp_stage=0, megatron_module=module, param_weight=tensor))
+    return SimpleNamespace(_model_bridge=model_bridge, hf_pretrained=None), tasks
+
+
+def _omni_trained(**flags: Any) -> tuple[Any, list[str], list[str]]:
+    """Nemotron Omni built with ``flags``, two AdamW steps; the chunk, its moved buffers, the names the sync keeps."""
+    import torch
+
+    from bridge_freeze_harness.forward import forward_patches
+    from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider, nemotron_omni
+    from bridge_freeze_plugin.export import trainable_conversion_tasks
+
+    provider = make_provider(OMNI, hybrid_layer_pattern=nemotron_omni.FORWARD_PATTERN, **flags)
+    torch.manual_seed(0)
+    (chunk,) = build_tiny_chunks(OMNI, provider=provider)
+    inputs = nemotron_omni.forward_inputs(provider)
+    before = {n: b.clone() for n, b in chunk.named_buffers()}
+    optimizer = torch.optim.AdamW([p for p in chunk.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        chunk.train()
+        optimizer.zero_grad(set_to_none=True)
+        with forward_patches(OMNI):
+            per_token, loss_mask = chunk(**inputs)
+            ((per_token * loss_mask).sum() / loss_mask.sum()).backward()
+        optimizer.step()
+    moved = sorted(n for n, b in chunk.named_buffers() if n in before and not torch.equal(b, before[n]))
+    bridge, tasks = _omni_bridge_and_tasks(chunk)
+    kept = trainable_conversion_tasks(bridge, [chunk], conversion_tasks=tasks, merge_adapter_weights=False)
+    return chunk, moved, [task.param_name for task in kept]
+
+
+def test_a_trained_sound_encoders_running_statistics_are_sent(cpu_bridge):
+    chunk, moved, kept = _omni_trained(freeze_language_model=True, freeze_vision_model=True)
+    stats = sorted(n for n, _ in chunk.named_buffers() if n.endswith(SOUND_STATS))
+    assert stats and set(stats) <= set(moved)  # they did move, without a gradient
+    assert set(stats) <= set(kept)
+    assert not [n for n in kept if n.startswith("llava_model.language_model.")]
+
+
+def test_a_frozen_sound_encoders_running_statistics_stay_and_are_not_sent(cpu_bridge):
+    _, moved, kept = _omni_trained(freeze_audio_model=True, freeze_language_model=True)
+    assert not [n for n in moved if n.startswith("llava_model.sound_model.")]
+    assert kept and not [n for n in kept if n.startswith("llava_model.sound_model.")]
