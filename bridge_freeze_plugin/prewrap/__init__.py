@@ -14,6 +14,7 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 - :mod:`._hooks`: the pre-wrap hook chain (the plugin's freeze first, the guarantee last), for
   ``provide_distributed_model`` and Bridge's public ``get_model`` alike;
 - :mod:`._lora`: LoRA with full-rank parts (restore, overlap check, ``params_to_save``);
+- :mod:`._plain_linear`: LoRA adapters on plain ``torch.nn.Linear`` modules (no export carries them) refused;
 - :mod:`._guarantee`: after every hook, what trains is exactly what was asked (a hook may narrow a trained part);
 - :mod:`._recompute_fix`: full recompute where it breaks gradients, turned off there (private config copies);
 - :mod:`._adapters`: what the plugin knows of Bridge's PEFT conventions;
