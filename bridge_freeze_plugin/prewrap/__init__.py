@@ -41,6 +41,7 @@ from bridge_freeze_plugin.prewrap._pipeline import (
     provide_distributed_frozen,
     provide_frozen,
 )
+from bridge_freeze_plugin.prewrap._plain_linear import linear_adapters
 from bridge_freeze_plugin.prewrap._provider import (
     PLUGIN_CLASS_MARK,
     bridge_class,
@@ -86,6 +87,7 @@ __all__ = [
     "is_full",
     "is_plugin_class",
     "last_report",
+    "linear_adapters",
     "model_name_of",
     "model_wide_checks_skipped",
     "named_parameters",

@@ -68,12 +68,10 @@ def test_the_right_bridge_still_syncs(checkpoints):
     assert sent and all(n.startswith("model.visual.") for n in sent)
 
 
-def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_sync(checkpoints):
-    """Sibling: LoRA with no plugin flag (left to Bridge) on Qwen2.5-VL's HF ``visual.blocks.*.attn.qkv``: Bridge's
-    ``LinearAdapter`` weights train, no conversion task carries them (the merge handles ``to_wrap`` bases only)."""
+def _plain_lora_on_qwen25_vision_qkv(checkpoints: Callable[[str], Path]) -> tuple[Any, list[Any], list[str]]:
+    """LoRA with no plugin flag (left to Bridge) on Qwen2.5-VL's HF ``visual.blocks.*.attn.qkv``: Bridge's
+    ``LinearAdapter`` weights train, and no conversion task carries them (the merge handles ``to_wrap`` bases only)."""
     from megatron.bridge.peft.lora import LoRA
-
-    from bridge_freeze_plugin import TrainableSyncError, export_trainable_hf_weights
 
     peft = LoRA(target_modules=["visual.blocks.*qkv"], dim=4, alpha=8)
 
@@ -85,9 +83,28 @@ def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_sync(checkpoints):
     bridge, chunks = _built(checkpoints("qwen25_vl"), "qwen25_vl", hook=lora)
     adapters = sorted(n for c in chunks for n, p in c.named_parameters() if p.requires_grad)
     assert adapters and all(".attn.qkv.linear_" in n for n in adapters)
+    return bridge, chunks, adapters
+
+
+def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_sync(checkpoints):
+    from bridge_freeze_plugin import TrainableSyncError, export_trainable_hf_weights
+
+    bridge, chunks, adapters = _plain_lora_on_qwen25_vision_qkv(checkpoints)
     with pytest.raises(TrainableSyncError) as err:
         list(export_trainable_hf_weights(bridge, chunks, show_progress=False))
     assert adapters[0] in str(err.value) and "LinearAdapter" in str(err.value)
+
+
+def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_adapter_exports(checkpoints, tmp_path):
+    """Sibling: Bridge's adapter-only exports keep '.adapter.' weights only, so they drop LinearAdapter's too."""
+    from bridge_freeze_plugin import AdapterExportError
+
+    bridge, chunks, _ = _plain_lora_on_qwen25_vision_qkv(checkpoints)
+    with pytest.raises(AdapterExportError) as err:
+        list(bridge.export_adapter_weights(chunks, cpu=True, show_progress=False))
+    assert "visual.blocks.0.attn.qkv, visual.blocks.1.attn.qkv" in str(err.value)
+    with pytest.raises(AdapterExportError):
+        bridge.save_hf_adapter(chunks, tmp_path / "adapter", peft_config=None)
 
 
 # --- running statistics (issue 37, item 2): sent when the part that owns them trains, never when it is frozen ------
