@@ -304,5 +304,6 @@ class FamilySpec:
             "recompute_note": self.recompute_note,
             "no_full_recompute": list(self.no_full_recompute),
             "full_recompute_affects": list(self.full_recompute_affects),
+            "plain_linear": list(self.plain_linear),
             "source": self.source,
         }
