@@ -103,6 +103,28 @@ def test_with_every_part_frozen_a_train_mode_forward_moves_no_buffer(cpu_bridge,
     assert moved == []
 
 
+@pytest.mark.parametrize("name", list(TINY_FAMILIES))
+def test_every_buffer_a_training_forward_moves_is_one_the_rules_know(cpu_bridge, name):
+    """With every part training, each persistent buffer a train-mode forward moves must be one the freeze keeps
+    still when its part is frozen and the RL sync sends when it trains (a running-statistics module's): a new
+    family with forward state of another kind fails here instead of drifting or going unsent."""
+    from bridge_freeze_plugin.prewrap import stats_move
+
+    torch.manual_seed(0)
+    model, loss = _forward_setup(name)
+    apply_selection(model, _family(name), FreezeSelection())
+    before = _buffers(model)
+    model.train()
+    with torch.no_grad():
+        for _ in range(2):
+            loss(model)
+    after = _buffers(model)
+    moved = [n for n, t in before.items() if not torch.equal(t, after[n])]
+    unknown = [n for n in moved if not stats_move(model.get_submodule(n.rpartition(".")[0]))]
+    assert unknown == []
+    assert bool(moved) == bool(_stats_modules(model))  # today: Nemotron Omni's sound encoder, and only it
+
+
 def _feed(module: torch.nn.Module) -> None:
     """One batch straight into a norm module (the input rank its class checks: 3, 4 or 5 dimensions)."""
     for rank in (3, 4, 5):
