@@ -83,6 +83,18 @@ class LoraOverlapError(BridgeFreezeError, RuntimeError):
         self.parameters: tuple[str, ...] = tuple(parameters)
 
 
+class UnexportableAdapterError(BridgeFreezeError, RuntimeError):
+    """LoRA put adapters on plain ``torch.nn.Linear`` modules (HF-implemented towers): Bridge's ``LinearAdapter``,
+    whose training none of Bridge's exports carries (the merged HF export merges ``to_wrap`` bases only).
+
+    ``modules`` lists every one of them (the message shows the first few).
+    """
+
+    def __init__(self, message: str, modules: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.modules: tuple[str, ...] = tuple(modules)
+
+
 class AdapterExportError(BridgeFreezeError, RuntimeError):
     """An adapter-only export of a LoRA run that also trains full-rank parts (they would be lost)."""
 

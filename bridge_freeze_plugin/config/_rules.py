@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bridge_freeze_plugin.config._family import import_target, importable_target
+from bridge_freeze_plugin.config._lora_targets import lora_targets_are_exportable
 from bridge_freeze_plugin.config._reading import LoraSettings, RunSettings, join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
@@ -465,7 +466,8 @@ def check(s: RunSettings) -> FreezeSelection:
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     family = supported_provider(s)
-    problems = vlm_lora_switches(s, family) + lora_targets_avoid_full_rank_parts(s, family)
+    problems = (vlm_lora_switches(s, family) + lora_targets_avoid_full_rank_parts(s, family)
+                + lora_targets_are_exportable(s, family))
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     full_recompute_rule(replace(s, family=family), family)

@@ -8,7 +8,9 @@ loads adapters only). While the plugin is active, each refuses such a run with
 :class:`~bridge_freeze_plugin.errors.AdapterExportError`, naming the alternative: export the whole model
 (``AutoBridge.save_hf_pretrained`` after merging) or write :func:`~bridge_freeze_plugin.trainable_state_dict`
 (adapters + full-rank parts under checkpoint names). Runs with every part's flag set, or plain LoRA, are
-untouched.
+untouched, except for one loss of their own: adapters on plain ``torch.nn.Linear`` modules (Bridge's
+``LinearAdapter``, in HF-implemented towers) have no ``.adapter.`` in their names, so the adapter exports drop
+them too; the model guards refuse such a model whatever the flags (the build refuses them while a flag is set).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import AdapterExportError
-from bridge_freeze_plugin.prewrap import PART_ATTR
+from bridge_freeze_plugin.prewrap import PART_ATTR, linear_adapters
 from bridge_freeze_plugin.request import FLAGS, INFO, SELECTABLE_PARTS, Part
 
 AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")
@@ -93,6 +95,22 @@ def _refuse(what: str, parts: Iterable[str]) -> None:
         )
 
 
+def _refuse_linear_adapters(what: str, model: Any) -> None:
+    """Adapters on plain ``torch.nn.Linear`` modules: the adapter exports keep ``.adapter.`` weights only."""
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    if not all(callable(getattr(c, "named_modules", None)) for c in chunks):
+        return  # not a model (a test double): Bridge's to judge
+    found = linear_adapters(list(chunks))
+    if found:
+        shown = ", ".join(found[:8]) + (f" (and {len(found) - 8} more)" if len(found) > 8 else "")
+        raise AdapterExportError(
+            f"{what} writes LoRA adapters named '.adapter.' only, but this model has {len(found)} LoRA adapter(s) on "
+            f"plain torch.nn.Linear modules (Bridge's LinearAdapter, in an HF-implemented tower): {shown}. Their "
+            f"training would be silently missing from the export (and from the merged HF export). Retrain with LoRA "
+            f"targets on Megatron linear layers, or train that part at full rank; the Megatron checkpoint keeps them."
+        )
+
+
 def _guarded(
     name: str, original: Callable[..., Any], full_rank_parts: Callable[[Any], list[str]]
 ) -> Callable[..., Any]:
@@ -114,6 +132,8 @@ def _guarded(
         source = bound.arguments.get(source_name)
         what = f"AutoBridge.{name}" if full_rank_parts is full_rank_parts_of_model else f"AutoBridge.{name}({source})"
         _refuse(what, full_rank_parts(source))
+        if full_rank_parts is full_rank_parts_of_model and source is not None:
+            _refuse_linear_adapters(what, source)
         return original(*args, **kwargs)
 
     guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]

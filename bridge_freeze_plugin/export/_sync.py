@@ -16,7 +16,10 @@ How (nothing of Bridge's conversion is re-implemented here):
    has ``requires_grad`` (full-rank parts, train patterns); with adapter merging on, a LoRA-wrapped base
    (``...to_wrap.weight``) whose adapters (the ones Bridge's export merges into it,
    ``build_adapter_conversion_tasks``) have ``requires_grad``; a MoE router's ``expert_bias`` buffer that
-   megatron-core updates without gradients (``moe_router_enable_expert_bias`` and not ``frozen_expert_bias``).
+   megatron-core updates without gradients (``moe_router_enable_expert_bias`` and not ``frozen_expert_bias``);
+   the running statistics (``running_mean`` / ``running_var`` / ``num_batches_tracked``, persistent buffers Bridge
+   maps) of a BatchNorm-like module that a forward in train mode updates: one whose part trains (a frozen part's
+   run in eval mode and cannot move: ``prewrap``'s running-statistics rule).
 3. The marks are made model-wide by an ``all_reduce`` (MAX) over the ranks that export together, so a task
    held by another pipeline stage or expert-parallel rank is decided the same way everywhere.
 4. Tasks that feed one HF tensor together are kept together: tasks are linked when their mappings name a common
@@ -37,6 +40,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import TrainableSyncError
+from bridge_freeze_plugin.export._coverage import untasked_message, untasked_trainable
+from bridge_freeze_plugin.prewrap import stats_move
 from bridge_freeze_plugin.ranks import collective_device
 
 if TYPE_CHECKING:
@@ -102,12 +107,18 @@ def trainable_conversion_tasks(
     weight_dtype: torch.dtype | None = None,
     conversion_tasks: Sequence[Any] | None = None,
     group: Any = None,
+    require_every_trainable: bool = True,
 ) -> list[Any]:
     """Bridge's conversion tasks for ``model`` that produce an HF tensor that can have changed (collective).
 
     The same list on the same positions on every rank of ``group``; pass it to ``bridge.export_hf_weights(model,
     conversion_tasks=...)``. ``conversion_tasks``: tasks built beforehand (``bridge.get_conversion_tasks``) to
     filter instead of building them here.
+
+    A parameter that trains but that no task exports (Bridge has no mapping for it: another model's bridge, a
+    module Bridge's export does not know) raises :class:`TrainableSyncError` on every rank, naming it: its
+    training would never reach the inference engine. ``require_every_trainable=False`` skips that check (for a
+    caller that reports such parameters itself: ``bridge-freeze plan``'s sizing).
     """
     if getattr(bridge, "export_weight_dtype", None) == "fp8":
         raise TrainableSyncError(
@@ -125,8 +136,11 @@ def trainable_conversion_tasks(
         tasks = list(conversion_tasks)
     adapter_tasks = model_bridge.build_adapter_conversion_tasks(chunks) if merge_adapter_weights else {}
 
+    untasked = untasked_trainable(model_bridge, chunks, tasks, adapter_tasks) if require_every_trainable else []
     dist, device = _collective(group)
-    _agree_on_length(dist, device, group, len(tasks), bridge)
+    anywhere = _agree_on_length(dist, device, group, len(tasks), bridge, len(untasked))
+    if anywhere:  # on every rank, so that none waits in a collective for a rank that raised
+        raise TrainableSyncError(untasked_message(_describe(bridge), chunks, untasked, anywhere))
     marks = [_changes(task, adapter_tasks, merge_adapter_weights) for task in tasks]
     marks = _any_rank(dist, device, group, marks)
     links = _linked_tasks(tasks)
@@ -168,13 +182,15 @@ def _collective(group: Any) -> tuple[Any, Any]:
     return dist, collective_device(group)
 
 
-def _agree_on_length(dist: Any, device: Any, group: Any, length: int, bridge: Any) -> None:
-    """Every rank must hold as many tasks (positions are what ranks agree on); raise on every rank if not."""
+def _agree_on_length(dist: Any, device: Any, group: Any, length: int, bridge: Any, untasked: int = 0) -> int:
+    """Every rank must hold as many tasks (positions are what ranks agree on); raise on every rank if not.
+
+    Returns the most trainable parameters without a task that one rank holds (``untasked`` on this rank)."""
     if dist is None:
-        return
+        return untasked
     import torch
 
-    bounds = torch.tensor([length, -length], dtype=torch.int64, device=device)
+    bounds = torch.tensor([length, -length, untasked], dtype=torch.int64, device=device)
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=group)
     longest, shortest = int(bounds[0]), -int(bounds[1])
     if longest != shortest:
@@ -183,6 +199,7 @@ def _agree_on_length(dist: Any, device: Any, group: Any, length: int, bridge: An
             f"conversion tasks (this rank {length}), so they cannot agree task by task; call it on every rank "
             "of the export with the same model, or pass group= with the ranks that export together"
         )
+    return int(bounds[2])
 
 
 def _any_rank(dist: Any, device: Any, group: Any, marks: list[bool]) -> list[bool]:
@@ -208,7 +225,15 @@ def _changes(task: Any, adapter_tasks: dict[str, list[Any]], merge: bool) -> boo
             for side in (adapter.linear_in_task, adapter.linear_out_task):
                 if getattr(side.param_weight, "requires_grad", False):
                     return True
-    return _updated_expert_bias(task)
+    return _updated_expert_bias(task) or _moving_statistics(task)
+
+
+def _moving_statistics(task: Any) -> bool:
+    """A running-statistics buffer of a module whose forward updates it (no gradient): its part trains."""
+    module = task.megatron_module
+    if module is None or not stats_move(module):
+        return False
+    return any(buffer is task.param_weight for buffer in module.buffers(recurse=False))
 
 
 def _updated_expert_bias(task: Any) -> bool:

@@ -186,6 +186,7 @@ def register_family(
     recompute_note: str = "",
     no_full_recompute: Iterable[str] = (),
     full_recompute_affects: Iterable[str] = (),
+    plain_linear: Iterable[str] = (),
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
@@ -208,6 +209,7 @@ def register_family(
         recompute_note=recompute_note,
         no_full_recompute=no_full_recompute,  # type: ignore[arg-type]
         full_recompute_affects=full_recompute_affects,  # type: ignore[arg-type]
+        plain_linear=plain_linear,  # type: ignore[arg-type]
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)

@@ -42,7 +42,7 @@ _SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 
 #: The fields that hold a sequence of strings (a provider may also be given as a class).
 SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
-                   "no_full_recompute", "full_recompute_affects")
+                   "no_full_recompute", "full_recompute_affects", "plain_linear")
 #: The parts with a keyword of their own (the vision-language parts); any part may be given in ``parts=``.
 _KEYWORD_PARTS = ("language_model", "vision_model", "vision_projection")
 #: The fields that hold one string.
@@ -151,6 +151,10 @@ class FamilySpec:
     no_full_recompute: tuple[str, ...] = ()
     #: The parts whose gradients that recompute gets wrong (their training triggers the fix).
     full_recompute_affects: tuple[str, ...] = ()
+    #: Modules (prefixes) whose linear layers are plain ``torch.nn.Linear`` (HF-implemented towers): LoRA there
+    #: becomes Bridge's ``LinearAdapter``, whose training no Bridge export carries (config rules refuse such
+    #: targets; the build refuses the adapters whatever the table says).
+    plain_linear: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -193,9 +197,19 @@ class FamilySpec:
                         f"{index[prefix].value} and {part.value}"
                     )
                 index[prefix] = part
+        self._check_plain_linear()
         if len(index) <= _MAX_LINEAR_PREFIXES:
             ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
             object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
+
+    def _check_plain_linear(self) -> None:
+        for prefix in self.plain_linear:
+            part = self.classify(f"{prefix}.weight")
+            if part is None:
+                raise FamilyRegistrationError(
+                    f"family {self.name!r}: plain_linear prefix {prefix!r} lies under no prefix of any part; "
+                    f"name a module of the family's parts")
+            _check_prefix(self.name, part, prefix)
 
     def _merge_parts(self) -> None:
         """``parts=`` and the keywords as one table (a part given both ways is refused)."""
@@ -290,5 +304,6 @@ class FamilySpec:
             "recompute_note": self.recompute_note,
             "no_full_recompute": list(self.no_full_recompute),
             "full_recompute_affects": list(self.full_recompute_affects),
+            "plain_linear": list(self.plain_linear),
             "source": self.source,
         }

@@ -6,6 +6,7 @@ from bridge_freeze_plugin.families._registry import FamilySpec
 FAMILIES = [
     FamilySpec(
         name="ernie45_vl",
+        plain_linear=("vision_tower", "resampler_model"),  # HF torch.nn.Linear layers
         description="Ernie-4.5-VL (`vision_tower` HF path or `vision_model` with use_mg_vit, `resampler_model`)",
         providers=("megatron.bridge.models.ernie_vl.ernie45_vl_provider:Ernie45VLModelProvider",),
         language_model=("language_model",),

@@ -7,6 +7,7 @@ _PKG = "megatron.bridge.models.gemma_vl"
 FAMILIES = [
     FamilySpec(
         name="gemma3_vl",
+        plain_linear=("vision_tower",),  # HF torch.nn.Linear layers
         description="Gemma3-VL (SigLIP `vision_tower`, projection `multi_modal_projector`)",
         providers=(f"{_PKG}.gemma3_vl_provider:Gemma3VLModelProvider",),
         language_model=("language_model",),
@@ -16,6 +17,7 @@ FAMILIES = [
     ),
     FamilySpec(
         name="gemma4_vl",
+        plain_linear=("vision_tower", "embed_vision", "audio_tower", "embed_audio"),  # HF torch.nn.Linear layers
         description=(
             "Gemma4-VL (`vision_tower`, projection `embed_vision`; audio encoder `audio_tower`, its projection "
             "`embed_audio`)"

@@ -7,6 +7,7 @@ from bridge_freeze_plugin.families._registry import FamilySpec
 FAMILIES = [
     FamilySpec(
         name="glm45v",
+        plain_linear=("visual",),  # HF torch.nn.Linear layers
         description="GLM-4.5V (HF Glm4v vision tower `visual`, projection `visual.merger`)",
         providers=("megatron.bridge.models.glm_vl.glm_45v_provider:GLM45VModelProvider",),
         language_model=("language_model",),

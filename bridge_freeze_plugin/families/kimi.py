@@ -5,6 +5,7 @@ from bridge_freeze_plugin.families._registry import FamilySpec
 FAMILIES = [
     FamilySpec(
         name="kimi_k25_vl",
+        plain_linear=("vision_tower", "mm_projector"),  # HF torch.nn.Linear layers
         description="Kimi K2.5-VL (`vision_tower`, projection `mm_projector`)",
         providers=("megatron.bridge.models.kimi_vl.kimi_k25_vl_provider:KimiK25VLModelProvider",),
         language_model=("language_model",),

@@ -12,6 +12,7 @@ from bridge_freeze_plugin.families._registry import FamilySpec
 FAMILIES = [
     FamilySpec(
         name="minimax_m3_vl",
+        plain_linear=("vision_tower", "multi_modal_projector", "patch_merge_mlp"),  # HF torch.nn.Linear layers
         description="MiniMax-M3-VL (projection: `multi_modal_projector` + `patch_merge_mlp`)",
         providers=("megatron.bridge.models.minimax_m3.minimax_m3_bridge:MiniMaxM3VLModelProvider",),
         language_model=("language_model",),

@@ -20,6 +20,7 @@ FAMILIES = [
     ),
     FamilySpec(
         name="nemotron_omni",
+        plain_linear=("llava_model.sound_model",),  # HF torch.nn.Linear layers
         description=(
             "Nemotron Omni (Nemotron-VL's LLaVA layout plus the sound encoder `llava_model.sound_model` and its "
             "projection `llava_model.sound_projection`; Bridge's freeze_sound_encoder / freeze_sound_projection "

@@ -30,6 +30,7 @@ _QWEN3_PARTS = {**_QWEN3_LAYOUT, **_QWEN3_RECOMPUTE}
 FAMILIES = [
     FamilySpec(
         name="qwen25_vl",
+        plain_linear=("visual",),  # HF torch.nn.Linear layers
         description="Qwen2.5-VL (HF vision tower `visual`, projection `visual.merger`)",
         providers=(f"{_PKG}.qwen25_vl_provider:Qwen25VLModelProvider",),
         language_model=("language_model",),

@@ -22,6 +22,7 @@ from bridge_freeze_plugin.families._registry import FamilySpec
 FAMILIES = [
     FamilySpec(
         name="qwen2_audio",
+        plain_linear=("audio_tower", "multi_modal_projector"),  # HF torch.nn.Linear layers
         description="Qwen2-Audio (HF `audio_tower`, projection `multi_modal_projector`; fixed positions untouched)",
         providers=("megatron.bridge.models.qwen_audio.qwen2_audio_provider:Qwen2AudioModelProvider",),
         language_model=("language_model",),
@@ -31,6 +32,7 @@ FAMILIES = [
     ),
     FamilySpec(
         name="qwen3_asr",
+        plain_linear=("thinker.audio_model",),  # HF torch.nn.Linear layers
         description="Qwen3-ASR (`thinker.audio_model`, projection: its `proj1` + `proj2`)",
         providers=("megatron.bridge.models.qwen3_asr.qwen3_asr_provider:Qwen3ASRModelProvider",),
         language_model=("thinker.language_model",),

@@ -24,6 +24,7 @@ _NOT_BUILT = (
 FAMILIES = [
     FamilySpec(
         name="qwen25_omni",
+        plain_linear=("thinker.visual", "thinker.audio_model"),  # HF torch.nn.Linear layers
         description=(
             "Qwen2.5-Omni thinker (HF vision tower `thinker.visual`, projection `thinker.visual.merger`; HF audio "
             "encoder `thinker.audio_model`, projection `thinker.audio_model.proj`); "
@@ -38,6 +39,7 @@ FAMILIES = [
     ),
     FamilySpec(
         name="qwen3_omni",
+        plain_linear=("thinker.visual", "thinker.audio_model"),  # HF torch.nn.Linear layers
         description=(
             "Qwen3-Omni MoE thinker (HF vision tower `thinker.visual`, projection: `merger` + DeepStack `merger_list`; "
             "HF audio encoder `thinker.audio_model`, projection `proj1` + `proj2`); "

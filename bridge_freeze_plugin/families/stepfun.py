@@ -11,6 +11,7 @@ from bridge_freeze_plugin.families._registry import FamilySpec
 FAMILIES = [
     FamilySpec(
         name="step37",
+        plain_linear=("vision_model", "image_insert_embedding.align_projector"),  # HF torch.nn.Linear layers
         description="Step-3.7 (projection `image_insert_embedding.align_projector`, Step-3.5 text decoder)",
         providers=("megatron.bridge.models.stepfun.step37_provider:Step37ModelProvider",),
         language_model=("language_model",),

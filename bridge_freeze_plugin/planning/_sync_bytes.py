@@ -69,6 +69,8 @@ class SyncBytes:
     left_out_tensors: int = 0
     left_out_parameters: int = 0
     left_out_first: str = ""
+    #: how many of the left-out tensors train (their training would never reach the inference engine)
+    left_out_trainable: int = 0
 
     @property
     def ratio(self) -> float:
@@ -96,6 +98,8 @@ class SyncBytes:
             + (f"; not sent: {self.left_out_parameters:,} parameters in {self.left_out_tensors:,} Megatron tensors "
                f"that Bridge's export maps to no HF tensor of this layout (first: {self.left_out_first})"
                if self.left_out_tensors else "")
+            + (f", {self.left_out_trainable:,} of which TRAIN: their training would never reach the inference "
+               f"engine (export_trainable_hf_weights refuses such a model)" if self.left_out_trainable else "")
         )
 
 
@@ -195,6 +199,8 @@ def sync_bytes(bridge: Any, model: Any, dtype: str = "bf16", *, merge_adapter_we
         left_out_tensors=len(missing),
         left_out_parameters=sum(missing.values()),
         left_out_first=min(missing, default=""),
+        left_out_trainable=sum(p.requires_grad for n, p in chunks[0].named_parameters() if n in missing)
+        if len(chunks) == 1 else 0,
     )
     if missing:
         logger.debug("weight sync not sent: %s", sorted(missing))
@@ -225,7 +231,9 @@ def _measure(bridge: Any, chunks: list[Any], weight_dtype: Any,
         # saying so spares Bridge three walks of the model.
         merge = merge_adapter_weights and any(
             ".adapter." in name for chunk in chunks for name, _ in chunk.named_parameters())
-        kept = trainable_conversion_tasks(bridge, chunks, conversion_tasks=tasks, merge_adapter_weights=merge)
+        # what no task exports is counted (left_out) and said in the plan's line, not refused
+        kept = trainable_conversion_tasks(bridge, chunks, conversion_tasks=tasks, merge_adapter_weights=merge,
+                                          require_every_trainable=False)
         kept_ids = {id(task) for task in kept}
         rest = [task for task in tasks if id(task) not in kept_ids]
         listing = getattr(getattr(getattr(bridge.hf_pretrained, "state", None), "source", None), "listing", None)

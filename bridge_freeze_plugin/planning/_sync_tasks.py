@@ -23,7 +23,8 @@ def left_out(model_bridge: Any, chunks: list[Any], tasks: list[Any]) -> dict[str
     (:func:`sequential_expert_tasks`); LoRA adapters are merged into their bases, not exported themselves."""
     if len(chunks) != 1:
         return {}
-    covered = {task.param_name for task in tasks}
+    # a task without a tensor is Bridge's placeholder for a name it left out (its HF tensor is not in the layout)
+    covered = {task.param_name for task in tasks if task.param_weight is not None}
     left: dict[str, int] = {}
     for name, param in chunks[0].named_parameters():
         if model_bridge._is_adapter_param_name(name):

@@ -9,10 +9,12 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 - :mod:`._flags`: the flags as descriptors, read as ``False`` by Bridge's own ``provide()`` during a build;
 - :mod:`._classify`: which part each parameter belongs to, by identity (wrappers and renames do not hide it);
 - :mod:`._freeze`: the freeze itself (``requires_grad`` by part);
+- :mod:`._running_stats`: a frozen part's BatchNorm-like modules keep their running statistics (eval-mode forward);
 - :mod:`._model_names`: model-wide parameter names under pipeline / expert parallelism (what patterns match);
 - :mod:`._hooks`: the pre-wrap hook chain (the plugin's freeze first, the guarantee last), for
   ``provide_distributed_model`` and Bridge's public ``get_model`` alike;
 - :mod:`._lora`: LoRA with full-rank parts (restore, overlap check, ``params_to_save``);
+- :mod:`._plain_linear`: LoRA adapters on plain ``torch.nn.Linear`` modules (no export carries them) refused;
 - :mod:`._guarantee`: after every hook, what trains is exactly what was asked (a hook may narrow a trained part);
 - :mod:`._recompute_fix`: full recompute where it breaks gradients, turned off there (private config copies);
 - :mod:`._adapters`: what the plugin knows of Bridge's PEFT conventions;
@@ -39,6 +41,7 @@ from bridge_freeze_plugin.prewrap._pipeline import (
     provide_distributed_frozen,
     provide_frozen,
 )
+from bridge_freeze_plugin.prewrap._plain_linear import linear_adapters
 from bridge_freeze_plugin.prewrap._provider import (
     PLUGIN_CLASS_MARK,
     bridge_class,
@@ -53,6 +56,7 @@ from bridge_freeze_plugin.prewrap._provider import (
 )
 from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompute_adjustment, is_full
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._running_stats import STATS_ATTR, stats_move, tracks_running_stats
 from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
 
 __all__ = [
@@ -60,6 +64,7 @@ __all__ = [
     "PART_ATTR",
     "PLUGIN_CLASS_MARK",
     "STATE",
+    "STATS_ATTR",
     "BuildContext",
     "Classifier",
     "DefaultOverride",
@@ -82,6 +87,7 @@ __all__ = [
     "is_full",
     "is_plugin_class",
     "last_report",
+    "linear_adapters",
     "model_name_of",
     "model_wide_checks_skipped",
     "named_parameters",
@@ -91,6 +97,8 @@ __all__ = [
     "provide_frozen",
     "provider_label",
     "resolve_family",
+    "stats_move",
+    "tracks_running_stats",
     "trainable_state_dict",
     "with_flag_fields",
     "write_selection",

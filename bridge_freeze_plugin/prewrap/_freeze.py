@@ -17,6 +17,7 @@ from bridge_freeze_plugin.prewrap._context import BuildContext
 from bridge_freeze_plugin.prewrap._counting import PartTally, tally_parameters
 from bridge_freeze_plugin.prewrap._model_names import model_wide_names, names_are_model_wide
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._running_stats import keep_frozen_stats
 from bridge_freeze_plugin.prewrap._state import ChunkState, chunk_state, set_chunk_state
 from bridge_freeze_plugin.request import FreezeSelection, PatternSummary, PatternTally, check_matched
 
@@ -67,6 +68,9 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
             param.requires_grad_(wanted)
             decided[id(param)] = wanted
     freeze_expert_biases(chunks, decided)
+    kept = keep_frozen_stats(chunks, lambda name, module: _stats_frozen(name, module, decided, context))
+    if kept:
+        logger.debug("bridge-freeze: %d running-statistics module(s) of frozen parts run in eval mode", kept)
     for chunk in chunks:
         state = chunk_state(chunk)
         if state is None or state.selection != selection or state.family != family.name:
@@ -98,6 +102,20 @@ def freeze_expert_biases(chunks: list[Any], decided: dict[int, bool]) -> int:
                 module.frozen_expert_bias = True
                 frozen += 1
     return frozen
+
+
+def _stats_frozen(name: str, module: Any, decided: dict[int, bool], context: BuildContext) -> bool | None:
+    """Whether a running-statistics module belongs to what the selection freezes (``None``: not governed).
+
+    By its own parameters when it has any (an affine BatchNorm: frozen when none of them trains), else by its
+    name's part."""
+    own = [decided[id(p)] for p in module.parameters(recurse=False) if id(p) in decided]
+    if own:
+        return not any(own)
+    assert context.family is not None
+    probe = f"{name}.running_mean"
+    wanted = context.wants_trainable(probe, context.family.classify(probe))
+    return None if wanted is None else not wanted
 
 
 def pattern_summary(context: BuildContext, classified: Any) -> PatternSummary | None:

@@ -15,6 +15,9 @@ plugin's hook chain, :func:`after_peft`:
    a new, frozen tensor); never train one weight through an adapter and at full rank at once;
 2. makes every full-rank parameter trainable again, by identity (whatever the hook order, every chunk);
 3. adds their names to the PEFT object's ``params_to_save``, so Bridge's checkpoint filter keeps them.
+
+Before 2, adapters on plain ``torch.nn.Linear`` modules (Bridge's ``LinearAdapter``, carried by no export) are
+refused (:mod:`._plain_linear`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bridge_freeze_plugin.errors import LoraOverlapError
 from bridge_freeze_plugin.prewrap._adapters import WRAPPER_SEGMENTS
 from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks
 from bridge_freeze_plugin.prewrap._context import BuildContext
+from bridge_freeze_plugin.prewrap._plain_linear import check_linear_adapters
 
 _SHOWN = 12
 #: Bridge's PEFT base class (a PEFT object is recognised by it, never by a name).
@@ -109,6 +113,7 @@ def after_peft(
     overlaps = _overlaps(model, wanted)
     if overlaps:
         raise LoraOverlapError(_overlap_message(overlaps, context, peft, hook_label), overlaps)
+    check_linear_adapters(model, context, peft, hook_label)
     names: set[str] = set()
     for chunk in as_chunks(model):
         for name, param in chunk.named_parameters():

@@ -1,0 +1,70 @@
+"""LoRA targets that land on plain ``torch.nn.Linear`` modules: refused by the config as the build refuses them.
+
+Bridge's LoRA turns a plain ``torch.nn.Linear`` (an HF-implemented tower) into ``LinearAdapter``, whose training no
+Bridge export carries (``prewrap/_plain_linear.py``). The family's table lists those modules (``plain_linear``
+prefixes); a target whose literal head (the text before the first ``*``) lies under one of them reaches such
+modules for certain and is refused while a flag is set. A target whose head lies above such a prefix (``*qkv``,
+``vis*``) may reach them: left to the build, which refuses it if it does (warned here). A leaf name (Bridge's
+defaults, ``qkv``) or a regex is left to the build without a word, as the full-rank overlap rule leaves it. An
+empty target list (Bridge's LoRA then wraps every linear module) reaches them unless ``exclude_modules`` is written.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bridge_freeze_plugin.config._reading import RunSettings
+from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.request import Part
+
+logger = logging.getLogger("bridge_freeze_plugin")
+
+#: Characters that make a target more than a wildcard path (Bridge compiles targets as regular expressions).
+_REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
+
+
+def plain_linear_reach(target: str, family: FamilySpec) -> tuple[list[str], list[str]]:
+    """``(prefixes it certainly reaches, prefixes it may reach)`` among the family's ``plain_linear``."""
+    prefixes = family.plain_linear
+    if ("." not in target and "*" not in target) or _REGEX_CHARACTERS & set(target):
+        return [], []  # a leaf name or a regex: only the built model tells (it refuses what it must)
+    head = target.partition("*")[0]
+    certain = [p for p in prefixes if head.startswith(p + ".") or head == p]
+    may = [p for p in prefixes if p not in certain and (p + ".").startswith(head)]
+    return certain, may
+
+
+def lora_targets_are_exportable(s: RunSettings, family: FamilySpec | None) -> list[str]:
+    """A LoRA target that certainly lands on plain ``torch.nn.Linear`` modules, while a flag is set: a problem."""
+    if not s.lora.enabled or not s.selection.any_set or family is None or not family.plain_linear:
+        return []
+    section = (s.lora_rank.key or "lora.rank").rpartition(".")[0]
+    targets = s.lora.target_modules
+    if targets is None:  # Bridge's default leaf names (linear_qkv, ...): Megatron layers
+        return []
+    if targets == ():
+        reach = {"[] (empty: every linear module)": ([], list(family.plain_linear)) if s.lora.exclude_modules
+                 else (list(family.plain_linear), [])}
+    else:
+        reach = {repr(t): plain_linear_reach(str(t), family) for t in ([targets] if isinstance(targets, str)
+                                                                        else targets)}
+    found = [f"{t} (reaches {', '.join(certain)})" for t, (certain, _) in reach.items() if certain]
+    maybe = [f"{t} (may reach {', '.join(may)})" for t, (certain, may) in reach.items() if may and not certain]
+    if maybe and is_rank0():
+        logger.warning(
+            "bridge-freeze: LoRA target_modules %s: adapters there may land on plain torch.nn.Linear modules of "
+            "%s (HF-implemented), whose training no Bridge export carries; the build refuses them if they do "
+            "(UnexportableAdapterError, before training).", ", ".join(maybe), family.name,
+        )
+    if not found:
+        return []
+    lm = family.prefixes(Part.LANGUAGE_MODEL)
+    return [
+        f"{section}.target_modules {', '.join(found)}: on {family.name} those modules are plain torch.nn.Linear "
+        f"layers (HF-implemented), which Bridge's LoRA wraps as LinearAdapter, and no Bridge export carries their "
+        f"training (the merged HF export merges only Megatron layers; the adapter exports keep '.adapter.' weights "
+        f"only; the RL sync follows the export): the trained adapters would be lost, and the build would refuse "
+        f"them (UnexportableAdapterError). Target Megatron linear layers (e.g. '{lm[0]}.*linear_qkv'), or train "
+        f"that part at full rank (its freeze flag false) with LoRA scoped away from it."
+    ]
