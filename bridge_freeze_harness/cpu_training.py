@@ -303,7 +303,7 @@ def _cat(samples: list[dict[str, Any]], key: str, dim: int = 0) -> torch.Tensor:
 
 
 #: image keys (Bridge's ``GenericVisualInputs``) and audio keys (its ``Qwen2AudioInputs``) of vlm_step's layout.
-_VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+_VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "image_position_ids", "mm_token_type_ids")
 _VLM_AUDIO_KEYS = ("input_features", "feature_attention_mask")
 
 

@@ -66,7 +66,6 @@ DEMO_CANNOT_RUN: dict[str, str] = {
         "GenericVisualInputs, for vlm_step) carries pixel_values and image_position_ids but not the audio "
         "input_features, so its audio parts (audio_tower, embed_audio) would get no gradient in Bridge's loop"
     ),
-    "ministral3": _batch_keys_reason("image_sizes"),
     "ernie45_vl": _batch_keys_reason("moe_mm_token_type_ids"),
 }
 
