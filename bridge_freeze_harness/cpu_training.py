@@ -307,11 +307,13 @@ _VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "image_posit
 _VLM_AUDIO_KEYS = ("input_features", "feature_attention_mask")
 
 
-def _vlm_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _vlm_step_batch(samples: list[dict[str, Any]], extra_image_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """What ``megatron/bridge/training/vlm_step.py`` reads: ``tokens``, ``labels``, ``loss_mask``,
     ``attention_mask``, ``position_ids`` (the sample's, else ``None``: the model computes M-RoPE ids) and one
     ``visual_inputs`` object: ``GenericVisualInputs`` for images, ``Qwen2AudioInputs`` for audio. vlm_step passes
-    that one object only, so samples with images AND audio are refused (no field of either class holds both)."""
+    that one object only, so samples with images AND audio are refused (no field of either class holds both).
+    ``extra_image_keys``: model inputs ``GenericVisualInputs`` has no field for; the object is then a subclass
+    with those fields (:func:`visual_inputs_with`), which vlm_step hands on like the others."""
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
 
     first = samples[0]
@@ -322,7 +324,9 @@ def _vlm_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if any(k in first for k in _VLM_AUDIO_KEYS):
         inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in _VLM_AUDIO_KEYS if k in first})
     else:
-        inputs = GenericVisualInputs(**{k: _cat(samples, k) for k in _VLM_IMAGE_KEYS if k in first})
+        image_class = visual_inputs_with(extra_image_keys) if extra_image_keys else GenericVisualInputs
+        image_keys = (*_VLM_IMAGE_KEYS, *extra_image_keys)
+        inputs = image_class(**{k: _cat(samples, k) for k in image_keys if k in first})
     return {
         "tokens": _cat(samples, "input_ids"),
         "labels": _cat(samples, "labels"),
@@ -332,6 +336,22 @@ def _vlm_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "position_ids": _cat(samples, "position_ids", dim=-2) if "position_ids" in first else None,
         "visual_inputs": inputs,
     }
+
+
+@functools.cache
+def visual_inputs_with(extra: tuple[str, ...]) -> type:
+    """Bridge's ``GenericVisualInputs`` with optional tensor fields ``extra`` more: vlm_step
+    (``training/vlm_step.py:147-151, 286-288``) moves every field of the object to the device and passes each
+    non-``None`` one the model's ``forward`` names; Bridge 0.6.2 ships no data path of its own for such a key."""
+    from dataclasses import field, make_dataclass
+
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
+
+    name = "VisualInputsWith_" + "_".join(extra)
+    fields = [(key, torch.Tensor | None, field(default=None)) for key in extra]
+    cls = make_dataclass(name, fields, bases=(GenericVisualInputs,))
+    cls.__module__ = __name__
+    return cls
 
 
 def _named_keys_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -381,6 +401,13 @@ VLM_STEP = BridgeStep(
     collate=_vlm_step_batch,
 )
 
+
+def vlm_step_with(*extra_image_keys: str) -> BridgeStep:
+    """:data:`VLM_STEP` whose ``visual_inputs`` also carries ``extra_image_keys`` (:func:`visual_inputs_with`)."""
+    return replace(VLM_STEP, keys=VLM_STEP.keys | set(extra_image_keys),
+                   collate=functools.partial(_vlm_step_batch, extra_image_keys=tuple(extra_image_keys)))
+
+
 #: The media keys ``megatron/bridge/models/qwen_omni/qwen3_omni_step.py`` moves to the device and passes to the
 #: model under their own names (its ``_MULTIMODAL_KEYS``, less its ``visual_inputs`` object).
 QWEN_OMNI_MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
@@ -405,6 +432,9 @@ FORWARD_STEPS: dict[str, BridgeStep] = {
     # splits the encoder's output with the wrong per-clip lengths and raises "Audio features and audio tokens do
     # not match" (tiny/qwen3_omni.py, train_batch). A micro-batch of one sample is what works.
     "qwen3_omni": replace(QWEN_OMNI_STEP, max_micro_batch=1),
+    # Ernie45VLModel.forward routes each token to the text or the vision expert pool by moe_mm_token_type_ids;
+    # without it every token goes to the text pool (ernie_moe_layer.py:204-211) and the vision pool never trains.
+    "ernie45_vl": vlm_step_with("moe_mm_token_type_ids"),
 }
 
 

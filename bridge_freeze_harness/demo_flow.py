@@ -66,7 +66,6 @@ DEMO_CANNOT_RUN: dict[str, str] = {
         "GenericVisualInputs, for vlm_step) carries pixel_values and image_position_ids but not the audio "
         "input_features, so its audio parts (audio_tower, embed_audio) would get no gradient in Bridge's loop"
     ),
-    "ernie45_vl": _batch_keys_reason("moe_mm_token_type_ids"),
 }
 
 
@@ -195,12 +194,24 @@ def hf_sources(bridge: Any, model: Any) -> dict[str, set[str]]:
             continue
         param = bare_name(task.global_param_name)
         feeds = {param}
+        if _bias_moves_with_router(task):  # its router's weight trains: the bias is updated with it
+            feeds.add(param.rpartition(".")[0] + ".weight")
         if param.endswith(".to_wrap.weight"):  # LoRA's B @ A is added to the weight, never to the bias
             module = param.removesuffix(".to_wrap.weight")
             feeds |= {n for n in names if n.startswith(f"{module}.adapter.")}
         for hf_name in _task_hf_names(task):
             sources.setdefault(hf_name, set()).update(feeds)
     return sources
+
+
+def _bias_moves_with_router(task: Any) -> bool:
+    """A MoE router's ``expert_bias`` buffer that megatron-core's ``finalize_model_grads`` updates without a
+    gradient (``moe_router_enable_expert_bias``, not ``frozen_expert_bias``): it changes when its router trains."""
+    module = getattr(task, "megatron_module", None)
+    if module is None or getattr(module, "expert_bias", None) is not task.param_weight:
+        return False
+    return bool(getattr(module.config, "moe_router_enable_expert_bias", False)) and not getattr(
+        module, "frozen_expert_bias", False)
 
 
 def _part_of(family: Any, sources: set[str]) -> str | None:
