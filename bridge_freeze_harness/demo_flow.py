@@ -57,8 +57,6 @@ def _batch_keys_reason(keys: str) -> str:
 
 #: family -> why the real-loop demo cannot run it here (measured on this machine; one line each).
 DEMO_CANNOT_RUN: dict[str, str] = {
-    "glm45v": _GROUPED_EXPERTS_SAVE,
-    "minimax_m3_vl": _GROUPED_EXPERTS_SAVE,
     # Measured with the audio carried to the model through Bridge's Qwen3-Omni step (top-level input_features):
     # the two steps train, then the save refuses the experts. Not kept: it is not Bridge's path for Gemma4.
     "gemma4_vl": (
