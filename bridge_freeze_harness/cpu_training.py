@@ -317,12 +317,13 @@ def _vlm_step_batch(samples: list[dict[str, Any]], extra_image_keys: tuple[str, 
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
 
     first = samples[0]
-    if any(k in first for k in _VLM_IMAGE_KEYS) and any(k in first for k in _VLM_AUDIO_KEYS):
+    audio_keys = tuple(k for k in _VLM_AUDIO_KEYS if k not in extra_image_keys)
+    if any(k in first for k in _VLM_IMAGE_KEYS) and any(k in first for k in audio_keys):
         raise NotImplementedError(
             "the synthetic batch has images and audio; Bridge's vlm_step passes one inputs object "
             "(GenericVisualInputs, which has no audio field, or Qwen2AudioInputs, which has no image one)")
-    if any(k in first for k in _VLM_AUDIO_KEYS):
-        inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in _VLM_AUDIO_KEYS if k in first})
+    if any(k in first for k in audio_keys):
+        inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in audio_keys if k in first})
     else:
         image_class = visual_inputs_with(extra_image_keys) if extra_image_keys else GenericVisualInputs
         image_keys = (*_VLM_IMAGE_KEYS, *extra_image_keys)
@@ -435,6 +436,9 @@ FORWARD_STEPS: dict[str, BridgeStep] = {
     # Ernie45VLModel.forward routes each token to the text or the vision expert pool by moe_mm_token_type_ids;
     # without it every token goes to the text pool (ernie_moe_layer.py:204-211) and the vision pool never trains.
     "ernie45_vl": vlm_step_with("moe_mm_token_type_ids"),
+    # Gemma4VLModel.forward takes the audio as input_features next to the image; Bridge 0.6.2's own Gemma4 collate
+    # (gemma4_vl_collate_fn -> GenericVisualInputs) drops it, so audio_tower / embed_audio would get no gradient.
+    "gemma4_vl": vlm_step_with("input_features"),
 }
 
 

@@ -43,28 +43,8 @@ GLOBAL_LR = 1e-2
 #: Seeds are folded to 31 bits: Megatron seeds numpy (below 2**32) with the seed plus per-rank offsets.
 SEED_BITS = 31
 
-_GROUPED_EXPERTS_SAVE = (
-    "Bridge maps its routed experts only as TransformerEngine grouped-GEMM weights (weight0, weight1, ...); the "
-    "harness's CPU stand-in for them has no sharded_state_dict, so Bridge's torch_dist checkpoint save refuses "
-    "them ('Invalid access pattern for ShardedTensor ...linear_fc1.weight0')"
-)
-
-
-def _batch_keys_reason(keys: str) -> str:
-    return (f"its model takes {keys} from the batch, which the harness's Bridge dataset "
-            "(cpu_training.SyntheticVLMDataset) does not carry into vlm_step's batch yet")
-
-
 #: family -> why the real-loop demo cannot run it here (measured on this machine; one line each).
-DEMO_CANNOT_RUN: dict[str, str] = {
-    # Measured with the audio carried to the model through Bridge's Qwen3-Omni step (top-level input_features):
-    # the two steps train, then the save refuses the experts. Not kept: it is not Bridge's path for Gemma4.
-    "gemma4_vl": (
-        f"{_GROUPED_EXPERTS_SAVE}; and Bridge 0.6.2's own Gemma4-VL data path (gemma4_vl_collate_fn -> "
-        "GenericVisualInputs, for vlm_step) carries pixel_values and image_position_ids but not the audio "
-        "input_features, so its audio parts (audio_tower, embed_audio) would get no gradient in Bridge's loop"
-    ),
-}
+DEMO_CANNOT_RUN: dict[str, str] = {}
 
 
 def demo_refusal(family: str) -> str | None:
