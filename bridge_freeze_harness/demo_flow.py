@@ -184,12 +184,15 @@ def hf_sources(bridge: Any, model: Any) -> dict[str, set[str]]:
 
 def _bias_moves_with_router(task: Any) -> bool:
     """A MoE router's ``expert_bias`` buffer that megatron-core's ``finalize_model_grads`` updates without a
-    gradient (``moe_router_enable_expert_bias``, not ``frozen_expert_bias``): it changes when its router trains."""
+    gradient (``moe_router_enable_expert_bias`` with a ``moe_router_bias_update_rate`` above 0, not
+    ``frozen_expert_bias``): it changes when its router trains (GLM-4.5V's rate is 0: its bias never moves)."""
     module = getattr(task, "megatron_module", None)
     if module is None or getattr(module, "expert_bias", None) is not task.param_weight:
         return False
-    return bool(getattr(module.config, "moe_router_enable_expert_bias", False)) and not getattr(
-        module, "frozen_expert_bias", False)
+    config = module.config
+    return (bool(getattr(config, "moe_router_enable_expert_bias", False))
+            and float(getattr(config, "moe_router_bias_update_rate", 0.0) or 0.0) > 0.0
+            and not getattr(module, "frozen_expert_bias", False))
 
 
 def _part_of(family: Any, sources: set[str]) -> str | None:

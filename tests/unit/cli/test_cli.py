@@ -227,6 +227,10 @@ def _expected_table(names, parts: dict[str, str], trainable: set[str], changed: 
     return table
 
 
+#: A MoE router's score-correction bias that Bridge's provider never updates (moe_router_bias_update_rate 0): it stays
+#: bit-identical while its router trains (GLM-4.5V's provider, Bridge 0.6.2); ERNIE's and MiniMax's move with theirs.
+STILL_BIAS = {("glm45v",): r"\.mlp\.gate\.e_score_correction_bias$"}
+
 #: (demo arguments, the HF parts, the parts that train, the OK line's description): one run per demo family.
 _DEMO_CASES = [
     ((), QWEN3_PARTS, ("vision_projection",), "train vision_projection"),
@@ -271,6 +275,7 @@ def test_demo_runs_the_real_flow_and_proves_it_from_the_export(forked_command, t
     workdir = tmp_path / "flow"
     out, original, changed = _run_demo(forked_command, workdir, *args, "--steps", "2")
     expected = set().union(*(_names(original, parts[p]) for p in trains))
+    expected -= _names(original, STILL_BIAS.get(args[:1], "$^"))
     assert changed == expected  # read here from the two safetensors files, not from the demo's output
     assert _demo_table(out.stdout) == _expected_table(original, parts, expected, changed)
     assert (f"OK: exactly the {len(expected)} HF tensors fed by a parameter training at a learning rate above 0 "
