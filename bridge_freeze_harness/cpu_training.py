@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._visual_inputs import visual_inputs_with
 from bridge_freeze_harness.patching import patched
 
 logger = logging.getLogger(__name__)
@@ -337,22 +338,6 @@ def _vlm_step_batch(samples: list[dict[str, Any]], extra_image_keys: tuple[str, 
         "position_ids": _cat(samples, "position_ids", dim=-2) if "position_ids" in first else None,
         "visual_inputs": inputs,
     }
-
-
-@functools.cache
-def visual_inputs_with(extra: tuple[str, ...]) -> type:
-    """Bridge's ``GenericVisualInputs`` with optional tensor fields ``extra`` more: vlm_step
-    (``training/vlm_step.py:147-151, 286-288``) moves every field of the object to the device and passes each
-    non-``None`` one the model's ``forward`` names; Bridge 0.6.2 ships no data path of its own for such a key."""
-    from dataclasses import field, make_dataclass
-
-    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
-
-    name = "VisualInputsWith_" + "_".join(extra)
-    fields = [(key, torch.Tensor | None, field(default=None)) for key in extra]
-    cls = make_dataclass(name, fields, bases=(GenericVisualInputs,))
-    cls.__module__ = __name__
-    return cls
 
 
 def _named_keys_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
