@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._visual_inputs import visual_inputs_with
 from bridge_freeze_harness.patching import patched
 
 logger = logging.getLogger(__name__)
@@ -303,26 +304,31 @@ def _cat(samples: list[dict[str, Any]], key: str, dim: int = 0) -> torch.Tensor:
 
 
 #: image keys (Bridge's ``GenericVisualInputs``) and audio keys (its ``Qwen2AudioInputs``) of vlm_step's layout.
-_VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+_VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "image_position_ids", "mm_token_type_ids")
 _VLM_AUDIO_KEYS = ("input_features", "feature_attention_mask")
 
 
-def _vlm_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _vlm_step_batch(samples: list[dict[str, Any]], extra_image_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """What ``megatron/bridge/training/vlm_step.py`` reads: ``tokens``, ``labels``, ``loss_mask``,
     ``attention_mask``, ``position_ids`` (the sample's, else ``None``: the model computes M-RoPE ids) and one
     ``visual_inputs`` object: ``GenericVisualInputs`` for images, ``Qwen2AudioInputs`` for audio. vlm_step passes
-    that one object only, so samples with images AND audio are refused (no field of either class holds both)."""
+    that one object only, so samples with images AND audio are refused (no field of either class holds both).
+    ``extra_image_keys``: model inputs ``GenericVisualInputs`` has no field for; the object is then a subclass
+    with those fields (:func:`visual_inputs_with`), which vlm_step hands on like the others."""
     from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
 
     first = samples[0]
-    if any(k in first for k in _VLM_IMAGE_KEYS) and any(k in first for k in _VLM_AUDIO_KEYS):
+    audio_keys = tuple(k for k in _VLM_AUDIO_KEYS if k not in extra_image_keys)
+    if any(k in first for k in _VLM_IMAGE_KEYS) and any(k in first for k in audio_keys):
         raise NotImplementedError(
             "the synthetic batch has images and audio; Bridge's vlm_step passes one inputs object "
             "(GenericVisualInputs, which has no audio field, or Qwen2AudioInputs, which has no image one)")
-    if any(k in first for k in _VLM_AUDIO_KEYS):
-        inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in _VLM_AUDIO_KEYS if k in first})
+    if any(k in first for k in audio_keys):
+        inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in audio_keys if k in first})
     else:
-        inputs = GenericVisualInputs(**{k: _cat(samples, k) for k in _VLM_IMAGE_KEYS if k in first})
+        image_class = visual_inputs_with(extra_image_keys) if extra_image_keys else GenericVisualInputs
+        image_keys = (*_VLM_IMAGE_KEYS, *extra_image_keys)
+        inputs = image_class(**{k: _cat(samples, k) for k in image_keys if k in first})
     return {
         "tokens": _cat(samples, "input_ids"),
         "labels": _cat(samples, "labels"),
@@ -381,6 +387,13 @@ VLM_STEP = BridgeStep(
     collate=_vlm_step_batch,
 )
 
+
+def vlm_step_with(*extra_image_keys: str) -> BridgeStep:
+    """:data:`VLM_STEP` whose ``visual_inputs`` also carries ``extra_image_keys`` (:func:`visual_inputs_with`)."""
+    return replace(VLM_STEP, keys=VLM_STEP.keys | set(extra_image_keys),
+                   collate=functools.partial(_vlm_step_batch, extra_image_keys=tuple(extra_image_keys)))
+
+
 #: The media keys ``megatron/bridge/models/qwen_omni/qwen3_omni_step.py`` moves to the device and passes to the
 #: model under their own names (its ``_MULTIMODAL_KEYS``, less its ``visual_inputs`` object).
 QWEN_OMNI_MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
@@ -405,6 +418,12 @@ FORWARD_STEPS: dict[str, BridgeStep] = {
     # splits the encoder's output with the wrong per-clip lengths and raises "Audio features and audio tokens do
     # not match" (tiny/qwen3_omni.py, train_batch). A micro-batch of one sample is what works.
     "qwen3_omni": replace(QWEN_OMNI_STEP, max_micro_batch=1),
+    # Ernie45VLModel.forward routes each token to the text or the vision expert pool by moe_mm_token_type_ids;
+    # without it every token goes to the text pool (ernie_moe_layer.py:204-211) and the vision pool never trains.
+    "ernie45_vl": vlm_step_with("moe_mm_token_type_ids"),
+    # Gemma4VLModel.forward takes the audio as input_features next to the image; Bridge 0.6.2's own Gemma4 collate
+    # (gemma4_vl_collate_fn -> GenericVisualInputs) drops it, so audio_tower / embed_audio would get no gradient.
+    "gemma4_vl": vlm_step_with("input_features"),
 }
 
 

@@ -43,32 +43,8 @@ GLOBAL_LR = 1e-2
 #: Seeds are folded to 31 bits: Megatron seeds numpy (below 2**32) with the seed plus per-rank offsets.
 SEED_BITS = 31
 
-_GROUPED_EXPERTS_SAVE = (
-    "Bridge maps its routed experts only as TransformerEngine grouped-GEMM weights (weight0, weight1, ...); the "
-    "harness's CPU stand-in for them has no sharded_state_dict, so Bridge's torch_dist checkpoint save refuses "
-    "them ('Invalid access pattern for ShardedTensor ...linear_fc1.weight0')"
-)
-
-
-def _batch_keys_reason(keys: str) -> str:
-    return (f"its model takes {keys} from the batch, which the harness's Bridge dataset "
-            "(cpu_training.SyntheticVLMDataset) does not carry into vlm_step's batch yet")
-
-
 #: family -> why the real-loop demo cannot run it here (measured on this machine; one line each).
-DEMO_CANNOT_RUN: dict[str, str] = {
-    "glm45v": _GROUPED_EXPERTS_SAVE,
-    "minimax_m3_vl": _GROUPED_EXPERTS_SAVE,
-    # Measured with the audio carried to the model through Bridge's Qwen3-Omni step (top-level input_features):
-    # the two steps train, then the save refuses the experts. Not kept: it is not Bridge's path for Gemma4.
-    "gemma4_vl": (
-        f"{_GROUPED_EXPERTS_SAVE}; and Bridge 0.6.2's own Gemma4-VL data path (gemma4_vl_collate_fn -> "
-        "GenericVisualInputs, for vlm_step) carries pixel_values and image_position_ids but not the audio "
-        "input_features, so its audio parts (audio_tower, embed_audio) would get no gradient in Bridge's loop"
-    ),
-    "ministral3": _batch_keys_reason("image_sizes"),
-    "ernie45_vl": _batch_keys_reason("moe_mm_token_type_ids"),
-}
+DEMO_CANNOT_RUN: dict[str, str] = {}
 
 
 def demo_refusal(family: str) -> str | None:
@@ -196,12 +172,27 @@ def hf_sources(bridge: Any, model: Any) -> dict[str, set[str]]:
             continue
         param = bare_name(task.global_param_name)
         feeds = {param}
+        if _bias_moves_with_router(task):  # its router's weight trains: the bias is updated with it
+            feeds.add(param.rpartition(".")[0] + ".weight")
         if param.endswith(".to_wrap.weight"):  # LoRA's B @ A is added to the weight, never to the bias
             module = param.removesuffix(".to_wrap.weight")
             feeds |= {n for n in names if n.startswith(f"{module}.adapter.")}
         for hf_name in _task_hf_names(task):
             sources.setdefault(hf_name, set()).update(feeds)
     return sources
+
+
+def _bias_moves_with_router(task: Any) -> bool:
+    """A MoE router's ``expert_bias`` buffer that megatron-core's ``finalize_model_grads`` updates without a
+    gradient (``moe_router_enable_expert_bias`` with a ``moe_router_bias_update_rate`` above 0, not
+    ``frozen_expert_bias``): it changes when its router trains (GLM-4.5V's rate is 0: its bias never moves)."""
+    module = getattr(task, "megatron_module", None)
+    if module is None or getattr(module, "expert_bias", None) is not task.param_weight:
+        return False
+    config = module.config
+    return (bool(getattr(config, "moe_router_enable_expert_bias", False))
+            and float(getattr(config, "moe_router_bias_update_rate", 0.0) or 0.0) > 0.0
+            and not getattr(module, "frozen_expert_bias", False))
 
 
 def _part_of(family: Any, sources: set[str]) -> str | None:

@@ -613,12 +613,26 @@ class _GroupedLinear(torch.nn.Module):
         return torch.cat(outputs), (biases if biases is not None and self.skip_bias_add else None)
 
 
+    #: ``"column"`` or ``"row"``: how TE splits this linear's weights over tensor parallelism.
+    parallel_mode = ""
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> Any:
+        """The torch_dist keys TE's grouped linear writes (:mod:`._grouped_sharding`)."""
+        from bridge_freeze_harness._grouped_sharding import grouped_sharded_state_dict
+
+        return grouped_sharded_state_dict(self, self.parallel_mode, prefix, sharded_offsets, metadata)
+
+
 class ColumnParallelGroupedLinear(_GroupedLinear):
     """Experts' ``linear_fc1`` (TE's ``TEColumnParallelGroupedLinear``'s place)."""
+
+    parallel_mode = "column"
 
 
 class RowParallelGroupedLinear(_GroupedLinear):
     """Experts' ``linear_fc2`` (TE's ``TERowParallelGroupedLinear``'s place)."""
+
+    parallel_mode = "row"
 
 
 def _register_grouped_linears() -> None:

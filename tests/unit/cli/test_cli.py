@@ -88,8 +88,17 @@ def test_help_of_every_subcommand_has_examples():
 # ---------------------------------------------------------------------------------------------
 
 #: The families the real-loop demo runs here (measured; the others are refused with the reason, below).
-DEMO_FAMILIES = ["exaone45_vl", "gemma3_vl", "qwen25_omni", "qwen25_vl", "qwen2_audio", "qwen35_vl", "qwen35_vl_moe",
-                 "qwen3_asr", "qwen3_omni", "qwen3_vl", "qwen3_vl_moe"]
+DEMO_FAMILIES = ["ernie45_vl", "exaone45_vl", "gemma3_vl", "gemma4_vl", "glm45v", "minimax_m3_vl", "ministral3",
+                 "qwen25_omni", "qwen25_vl", "qwen2_audio", "qwen35_vl", "qwen35_vl_moe", "qwen3_asr", "qwen3_omni",
+                 "qwen3_vl", "qwen3_vl_moe"]
+
+#: The registered families the demo cannot run here, and a phrase of the one-line reason it gives.
+DEMO_REFUSED = {
+    "kimi_k25_vl": "is remote code on the hub, not in transformers 5.12.1",
+    "nemotron_vl": "is remote code on the hub, not in transformers 5.12.1",
+    "nemotron_omni": "is remote code on the hub, not in transformers 5.12.1",
+    "step37": "transformers 5.12.1 has no Step-3.7 model class",
+}
 
 # The parts as HF names (transformers' save_pretrained layout), from the parts' definitions (README, "Which parts"),
 # independent of the plugin's classification and of Bridge's mapping tables.
@@ -126,6 +135,43 @@ QWEN3_ASR_PARTS = {  # as published (Qwen3-ASR-0.6B): the projector proj1 -> GEL
     "language_model": r"^thinker\.(model\.|lm_head\.)",
     "audio_model": r"^thinker\.audio_tower\.(?!proj[12]\.)",
     "audio_projection": r"^thinker\.audio_tower\.proj[12]\.",
+}
+QWEN35_PARTS = {  # Qwen3.5 and EXAONE 4.5: one merger, no DeepStack mergers
+    "language_model": r"^(model\.language_model\.|lm_head\.)",
+    "vision_model": r"^model\.visual\.(?!merger\.)",
+    "vision_projection": r"^model\.visual\.merger\.",
+}
+GEMMA3_PARTS = {  # Gemma3ForConditionalGeneration as saved: SigLIP tower, projector, language_model.model
+    "language_model": r"^language_model\.",
+    "vision_model": r"^vision_tower\.",
+    "vision_projection": r"^multi_modal_projector\.",
+}
+MINISTRAL3_PARTS = {  # Mistral3ForConditionalGeneration: Pixtral tower, the projector with its patch merger
+    "language_model": r"^language_model\.",
+    "vision_model": r"^vision_tower\.",
+    "vision_projection": r"^multi_modal_projector\.",
+}
+ERNIE45_VL_PARTS = {  # the resampler is the projection; the text model's vision expert pool is language model
+    "language_model": r"^model\.(?!vision_model\.|resampler_model\.)",
+    "vision_model": r"^model\.vision_model\.",
+    "vision_projection": r"^model\.resampler_model\.",
+}
+GLM45V_PARTS = {  # the merger is the projection; the downsampling conv before it is the vision tower's
+    "language_model": r"^(model\.language_model\.|lm_head\.)",
+    "vision_model": r"^model\.visual\.(?!merger\.)",
+    "vision_projection": r"^model\.visual\.merger\.",
+}
+MINIMAX_M3_VL_PARTS = {  # two projection MLPs: the patch merger's and the projector
+    "language_model": r"^language_model\.",
+    "vision_model": r"^vision_tower\.",
+    "vision_projection": r"^(multi_modal_projector|patch_merge_mlp)\.",
+}
+GEMMA4_PARTS = {  # each tower's projection is its embed_* module
+    "language_model": r"^model\.language_model\.",
+    "vision_model": r"^model\.vision_tower\.",
+    "vision_projection": r"^model\.embed_vision\.",
+    "audio_model": r"^model\.audio_tower\.",
+    "audio_projection": r"^model\.embed_audio\.",
 }
 QWEN25_PARTS = {  # the legacy layout: no "model." before visual.
     "language_model": r"^(model\.|lm_head\.)",
@@ -181,29 +227,55 @@ def _expected_table(names, parts: dict[str, str], trainable: set[str], changed: 
     return table
 
 
-@pytest.mark.parametrize(
-    ("args", "parts", "trains", "described"),
-    [
-        ((), QWEN3_PARTS, ("vision_projection",), "train vision_projection"),
-        (("qwen25_vl", "--freeze-vision-model"), QWEN25_PARTS, ("language_model", "vision_projection"),
-         "train language_model + vision_projection"),
-        (("qwen2_audio",), QWEN2_AUDIO_PARTS, ("audio_projection",), "train audio_projection"),
-        # the maker's HF class as Bridge vendors it (transformers 5.12.1 has none), through vlm_step
-        (("qwen3_asr",), QWEN3_ASR_PARTS, ("audio_projection",), "train audio_projection"),
-        # Bridge's own Qwen3-Omni step (audio and image in the batch) for both Omni thinkers
-        (("qwen25_omni",), QWEN25_OMNI_PARTS, ("vision_projection", "audio_projection"),
-         "train vision_projection + audio_projection"),
-        (("qwen3_omni",), QWEN3_OMNI_PARTS, ("vision_projection", "audio_projection"),
-         "train vision_projection + audio_projection"),
-    ],
-    ids=["qwen3_vl-default", "qwen25_vl-freeze-vision", "qwen2_audio-default", "qwen3_asr-default",
-         "qwen25_omni-default", "qwen3_omni-default"],
-)
+#: A MoE router's score-correction bias that Bridge's provider never updates (moe_router_bias_update_rate 0): it stays
+#: bit-identical while its router trains (GLM-4.5V's provider, Bridge 0.6.2); ERNIE's and MiniMax's move with theirs.
+STILL_BIAS = {("glm45v",): r"\.mlp\.gate\.e_score_correction_bias$"}
+
+#: (demo arguments, the HF parts, the parts that train, the OK line's description): one run per demo family.
+_DEMO_CASES = [
+    ((), QWEN3_PARTS, ("vision_projection",), "train vision_projection"),
+    (("qwen25_vl", "--freeze-vision-model"), QWEN25_PARTS, ("language_model", "vision_projection"),
+     "train language_model + vision_projection"),
+    (("qwen2_audio",), QWEN2_AUDIO_PARTS, ("audio_projection",), "train audio_projection"),
+    # the maker's HF class as Bridge vendors it (transformers 5.12.1 has none), through vlm_step
+    (("qwen3_asr",), QWEN3_ASR_PARTS, ("audio_projection",), "train audio_projection"),
+    # Bridge's own Qwen3-Omni step (audio and image in the batch) for both Omni thinkers
+    (("qwen25_omni",), QWEN25_OMNI_PARTS, ("vision_projection", "audio_projection"),
+     "train vision_projection + audio_projection"),
+    (("qwen3_omni",), QWEN3_OMNI_PARTS, ("vision_projection", "audio_projection"),
+     "train vision_projection + audio_projection"),
+    # image_sizes carried into vlm_step's visual_inputs
+    (("ministral3",), MINISTRAL3_PARTS, ("vision_projection",), "train vision_projection"),
+    # the MoE routing types carried; the router's expert_bias moves with its router (the whole LM changes)
+    (("ernie45_vl", "--freeze-vision-model", "--freeze-vision-projection"), ERNIE45_VL_PARTS,
+     ("language_model",), "train language_model"),
+    # grouped-GEMM experts trained and saved through torch_dist (the stand-in's sharded_state_dict)
+    (("glm45v", "--freeze-vision-model"), GLM45V_PARTS, ("language_model", "vision_projection"),
+     "train language_model + vision_projection"),
+    (("minimax_m3_vl", "--freeze-vision-model"), MINIMAX_M3_VL_PARTS, ("language_model", "vision_projection"),
+     "train language_model + vision_projection"),
+    # image and audio in vlm_step's visual_inputs; grouped-GEMM experts saved (frozen here)
+    (("gemma4_vl",), GEMMA4_PARTS, ("vision_projection", "audio_projection"),
+     "train vision_projection + audio_projection"),
+    (("qwen3_vl_moe",), QWEN3_PARTS, ("vision_projection",), "train vision_projection"),
+    (("qwen35_vl",), QWEN35_PARTS, ("vision_projection",), "train vision_projection"),
+    (("qwen35_vl_moe",), QWEN35_PARTS, ("vision_projection",), "train vision_projection"),
+    (("exaone45_vl",), QWEN35_PARTS, ("vision_projection",), "train vision_projection"),
+    (("gemma3_vl",), GEMMA3_PARTS, ("vision_projection",), "train vision_projection"),
+]
+_DEMO_IDS = ["qwen3_vl-default", "qwen25_vl-freeze-vision", "qwen2_audio-default", "qwen3_asr-default",
+     "qwen25_omni-default", "qwen3_omni-default", "ministral3-default", "ernie45_vl-language-model",
+     "glm45v-freeze-vision", "minimax_m3_vl-freeze-vision", "gemma4_vl-default", "qwen3_vl_moe-default",
+     "qwen35_vl-default", "qwen35_vl_moe-default", "exaone45_vl-default", "gemma3_vl-default"]
+
+
+@pytest.mark.parametrize(("args", "parts", "trains", "described"), _DEMO_CASES, ids=_DEMO_IDS)
 def test_demo_runs_the_real_flow_and_proves_it_from_the_export(forked_command, tmp_path, args, parts, trains,
                                                                 described):
     workdir = tmp_path / "flow"
     out, original, changed = _run_demo(forked_command, workdir, *args, "--steps", "2")
     expected = set().union(*(_names(original, parts[p]) for p in trains))
+    expected -= _names(original, STILL_BIAS.get(args[:1], "$^"))
     assert changed == expected  # read here from the two safetensors files, not from the demo's output
     assert _demo_table(out.stdout) == _expected_table(original, parts, expected, changed)
     assert (f"OK: exactly the {len(expected)} HF tensors fed by a parameter training at a learning rate above 0 "
@@ -286,10 +358,7 @@ def test_demo_verdict_names_a_changed_frozen_tensor_and_an_unchanged_trained_one
 
 
 def test_demo_refusals_are_one_line_before_any_work(tmp_path):
-    for family, reason in [
-        ("nemotron_vl", "is remote code on the hub, not in transformers 5.12.1"),  # no HF checkpoint here
-        ("glm45v", "Bridge's torch_dist checkpoint save refuses them"),
-    ]:
+    for family, reason in DEMO_REFUSED.items():
         out = run("demo", family)
         assert out.returncode == 2, out.stdout + out.stderr
         assert out.stderr.startswith(f"bridge-freeze demo: error: the demo cannot run {family!r} here: ")
@@ -302,6 +371,20 @@ def test_demo_refusals_are_one_line_before_any_work(tmp_path):
     out = run("demo", "--workdir", str(tmp_path / "used"))
     assert out.returncode == 2 and "exists and is not an empty directory" in out.stderr
     assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["keep.txt"]
+
+
+def test_the_demo_tests_cover_every_family_run_or_refused():
+    """Every tiny configuration (every registered family among them) is run by the demo test above, or refused
+    with its reason by the one before; and the demo's own list of what it runs is :data:`DEMO_FAMILIES`."""
+    from bridge_freeze_harness.demo_flow import demo_families
+    from bridge_freeze_harness.tiny import TINY_FAMILIES
+    from bridge_freeze_plugin.families import REGISTRY
+
+    run_by_test = {args[0] if args else "qwen3_vl" for args, *_ in _DEMO_CASES}
+    assert run_by_test == set(DEMO_FAMILIES) == set(demo_families())
+    assert set(DEMO_FAMILIES).isdisjoint(DEMO_REFUSED)
+    assert set(DEMO_FAMILIES) | set(DEMO_REFUSED) == set(TINY_FAMILIES) >= {family.name for family in REGISTRY}
+    assert len({TINY_FAMILIES[name] for name in DEMO_FAMILIES}) >= 15  # families, not configurations
 
 
 @pytest.mark.parametrize("steps", ["0", "-1", "two"])

@@ -75,3 +75,43 @@ def test_qwen3_omni_refuses_a_micro_batch_of_two_clips_and_qwen25_omni_takes_it(
         else:
             with pytest.raises(ValueError, match="at most 1 sample"):
                 dataset.collate_fn(samples)
+
+
+#: family -> (its Bridge model class, the media keys its forward takes from the batch: independent of the harness,
+#: read off the class's forward signature in Bridge 0.6.2).
+VLM_STEP_MEDIA = {
+    "ministral3": ("megatron.bridge.models.ministral3.modeling_ministral3:Ministral3Model",
+                   {"pixel_values", "image_sizes"}),
+    "ernie45_vl": ("megatron.bridge.models.ernie_vl.modeling_ernie45_vl.model:Ernie45VLModel",
+                   {"pixel_values", "image_grid_thw", "mm_token_type_ids", "moe_mm_token_type_ids"}),
+    "gemma4_vl": ("megatron.bridge.models.gemma_vl.modeling_gemma4_vl:Gemma4VLModel",
+                  {"pixel_values", "image_position_ids", "input_features"}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(VLM_STEP_MEDIA))
+def test_vlm_step_hands_the_model_every_media_key_of_the_sample(family):
+    """Ministral 3's image_sizes, ERNIE's MoE routing types, Gemma 4's audio next to its image: vlm_step passes the
+    ``visual_inputs`` object's fields that the model's forward names, so each must be a field of that object."""
+    import importlib
+    import types
+
+    import torch
+    from megatron.bridge.training import vlm_step
+
+    from bridge_freeze_harness import train
+    from bridge_freeze_harness.cpu_training import SyntheticVLMDataset, forward_step_of
+
+    path, media = VLM_STEP_MEDIA[family]
+    module, _, name = path.partition(":")
+    model_class = getattr(importlib.import_module(module), name)
+    assert forward_step_of(family).load() is vlm_step.forward_step
+    dataset = SyntheticVLMDataset(family, train.make_provider(family), samples=2)
+    samples = [dataset[0], dataset[1]]
+    batch = dataset.collate_fn(samples)
+    # vlm_step.forward_step: visual_inputs.normalized_for_model(), filtered by the model's forward signature
+    passed = vlm_step._filter_visual_kwargs_for_model(types.SimpleNamespace(forward=model_class.forward),
+                                                      batch["visual_inputs"].normalized_for_model())
+    assert set(passed) == media
+    for key in media:
+        assert torch.equal(passed[key], torch.cat([s[key] for s in samples])), key
