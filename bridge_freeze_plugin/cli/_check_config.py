@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
-from bridge_freeze_plugin.config import LAYOUTS, lora_adapter_parts, vlm_lora_effect
+from bridge_freeze_plugin.config import LAYOUTS, lora_adapter_parts, select, vlm_lora_effect
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.optim import LR_KEYS
 from bridge_freeze_plugin.request import FLAGS, INFO, PATTERN_KEYS, FreezeSelection, Part
@@ -51,7 +51,9 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     rates (those set), then the other settings."""
     s, loaded = checked.settings, checked.loaded
     flags = [INFO[part].flag for part in _model_parts(s.selection, s.family)]
-    rows = [(s.key_of(flag), getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(s.key_of(flag)))
+    keys = {flag: next((k for k in s.keys_of(flag) if select(loaded.cfg, k) is not None), s.key_of(flag))
+            for flag in flags}  # where each flag was written: its own key, or Bridge's name of it
+    rows = [(keys[flag], getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(keys[flag]))
             for flag in flags]
     rows += [(s.key_of(key), list(getattr(s.selection, key)), loaded.source(s.key_of(key))) for key in PATTERN_KEYS]
     rates = s.learning_rates.as_dict() if s.learning_rates else {}

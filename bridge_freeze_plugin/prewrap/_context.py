@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap._counting import PartTally
-from bridge_freeze_plugin.prewrap._provider import model_name_of, overridden_defaults, provider_label, resolve_family
+from bridge_freeze_plugin.prewrap._provider import (
+    model_name_of,
+    overridden_defaults,
+    provider_label,
+    resolve_family,
+    write_aliases_back,
+)
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.request import FreezeSelection, Part, asked_text
 
@@ -32,7 +38,9 @@ class BuildContext:
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
         """Read the provider once. Raises ``UnsupportedFreezeFlagError`` for a flag no family can honour."""
-        selection = FreezeSelection.from_object(provider) if selection is None else selection
+        if selection is None:
+            selection = FreezeSelection.from_object(provider)
+            write_aliases_back(provider, selection)  # what Bridge saves of the provider says what was built
         return cls(
             family=resolve_family(provider, selection),
             selection=selection,

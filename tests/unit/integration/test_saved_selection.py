@@ -1,0 +1,64 @@
+"""What Bridge saves of a built provider says what was built (issue 37 item 7), and check-config reads it so.
+
+Nemotron Omni's provider declares Bridge's own names of the audio flags (``freeze_sound_encoder`` /
+``freeze_sound_projection``). A run that froze the sound encoder with Bridge's name used to save
+``freeze_sound_encoder: true`` next to ``freeze_audio_model: false`` (the build took the alias, and never wrote the
+merged selection back), which check-config then refused as two settings that disagree. The expected trainable
+names are those of the tiny model outside the frozen part's prefix (``tests/unit/_family_parts.py``, written by
+hand), never computed by the code under test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge_freeze_plugin import FreezeSelection
+from bridge_freeze_plugin.config import load_run
+from _family_parts import part_of
+
+#: Bridge's alias on Nemotron Omni's provider -> the plugin's flag it means, and the part (every alias pair of every
+#: family: Nemotron Omni is the only provider declaring them, tests/unit/config/test_config_trainers.py checks that).
+PAIRS = {"freeze_sound_encoder": ("freeze_audio_model", "audio_model"),
+         "freeze_sound_projection": ("freeze_audio_projection", "audio_projection")}
+
+
+def _saved_run_config(tmp_path: Path, alias: str) -> tuple[Path, list[object], object]:
+    """Build tiny Nemotron Omni with Bridge's alias set (and nothing else), save its ConfigContainer as Bridge's
+    ``save_checkpoint`` does (``to_yaml``); the file, the chunks and the provider."""
+    from bridge_freeze_harness.cpu_training import training_config
+    from bridge_freeze_harness.tiny import build_tiny_chunks, make_provider
+
+    provider = make_provider("nemotron_omni", **{alias: True})
+    chunks = build_tiny_chunks("nemotron_omni", provider)
+    path = tmp_path / "run_config.yaml"
+    training_config(provider, tmp_path / "work", 1, family="nemotron_omni").to_yaml(str(path))
+    return path, chunks, provider
+
+
+@pytest.mark.parametrize("alias", sorted(PAIRS))
+def test_the_build_writes_the_merged_selection_back_so_the_saved_file_agrees(cpu_bridge, tmp_path, alias):
+    flag, part = PAIRS[alias]
+    path, chunks, provider = _saved_run_config(tmp_path, alias)
+    names = {n for c in chunks for n, _ in c.named_parameters()}
+    trained = {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
+    assert trained == {n for n in names if part_of("nemotron_omni", n) != part}
+    assert getattr(provider, flag) is True and getattr(provider, alias) is True
+    model = yaml.safe_load(path.read_text(encoding="utf-8"))["model"]
+    assert (model[flag], model[alias]) == (True, True)
+    assert load_run(path).validate() == FreezeSelection(**{flag: True})
+
+
+@pytest.mark.parametrize("alias", sorted(PAIRS))
+def test_a_run_config_saved_before_the_fix_is_read_as_the_build_read_it(tmp_path, alias):
+    """A file written before: the alias true, the flag false (every field saved). The build froze the part."""
+    flag, _ = PAIRS[alias]
+    source = Path(__file__).parents[2] / "fixtures" / "configs" / "bridge" / "run_config.yaml"
+    cfg = yaml.safe_load(source.read_text(encoding="utf-8"))
+    cfg["model"].update({"_target_": "megatron.bridge.models.nemotron_omni.nemotron_omni_provider."
+                                      "NemotronOmniModelProvider", alias: True, flag: False})
+    path = tmp_path / "run_config.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    assert load_run(path).validate() == FreezeSelection(**{flag: True})
