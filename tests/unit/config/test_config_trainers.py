@@ -573,3 +573,37 @@ def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
     doc = check_json(capsys, path)
     assert doc["valid"] and doc["layout"] == "nemo_rl_dpo", doc["error"]
     assert doc["trained_parts"] == ["vision_model", "vision_projection"]
+
+
+# ---- issue 37 item 1: where NeMo-RL applies each audio setting, and the model_overrides keys it refuses ----------
+
+@pytest.mark.parametrize(("override", "words"), [
+    # megatron_cfg: NeMo-RL copies only five keys to the provider (iter_vlm_config_overrides); the audio flags drop
+    (f"++{MCFG}.freeze_audio_model=true", f"Write {MO}.freeze_audio_model instead"),
+    (f"++{MCFG}.freeze_audio_projection=true", f"Write {MO}.freeze_audio_projection instead"),
+    # model_overrides: a key annotated on NeMo-RL's MegatronConfig is refused (_validate_model_override_conflicts)
+    (f"+{MO}.freeze_sound_encoder=true", f"Write {MCFG}.freeze_sound_encoder"),
+    (f"+{MO}.freeze_sound_projection=true", f"Write {MCFG}.freeze_sound_projection"),
+    (f"+{MO}.radio_force_cpe_eval_mode=true", f"Write {MCFG}.radio_force_cpe_eval_mode"),
+    (f"+{MO}.recompute_granularity=full", f"Write {MCFG}.recompute_granularity"),
+])
+def test_an_audio_setting_nemo_rl_drops_or_refuses_is_refused_with_where_to_write_it(override, words):
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(nemo_rl(OMNI), [override]).validate()
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "key", "flag"), [
+    (f"+{MO}.freeze_audio_model=true", f"{MO}.freeze_audio_model", "freeze_audio_model"),
+    (f"+{MO}.freeze_audio_projection=true", f"{MO}.freeze_audio_projection", "freeze_audio_projection"),
+    (f"++{MCFG}.freeze_sound_encoder=true", f"{MCFG}.freeze_sound_encoder", "freeze_audio_model"),
+    (f"++{MCFG}.freeze_sound_projection=true", f"{MCFG}.freeze_sound_projection", "freeze_audio_projection"),
+])
+def test_an_audio_flag_where_nemo_rl_applies_it_is_read_and_said_where_written(capsys, override, key, flag):
+    """OMNI freezes the vision encoder and projection itself; the audio part asked is frozen too."""
+    doc = check_json(capsys, nemo_rl(OMNI), override)
+    assert doc["valid"], doc["error"]
+    assert doc["selection"][flag] is True
+    assert doc["settings"][key]["value"] is True and doc["settings"][key]["source"].startswith("override")
+    trained = ["language_model", "audio_model", "audio_projection"]
+    assert doc["trained_parts"] == [p for p in trained if f"freeze_{p}" != flag]
