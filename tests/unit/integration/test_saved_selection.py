@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _family_parts import part_of
 
 from bridge_freeze_plugin import FreezeSelection
 from bridge_freeze_plugin.config import load_run
-from _family_parts import part_of
 
 #: Bridge's alias on Nemotron Omni's provider -> the plugin's flag it means, and the part (every alias pair of every
 #: family: Nemotron Omni is the only provider declaring them, tests/unit/config/test_config_trainers.py checks that).
