@@ -34,6 +34,9 @@ class BuildContext:
     notes: tuple[str, ...] = ()
     #: Turn full activation recompute off in the family's ``no_full_recompute`` modules after the build.
     vision_recompute_off: bool = False
+    #: What the build is when no optimizer can train it (``wrap_with_ddp=False``, the meta device); ``None``: a
+    #: build wrapped for training. The report's first line says it.
+    untrained: str | None = None
 
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
@@ -89,4 +92,5 @@ class BuildContext:
             overridden_defaults=self.overridden_defaults,
             notes=self.notes,
             patterns=patterns,
+            untrained=self.untrained,
         )

@@ -47,6 +47,8 @@ class FreezeReport:
     #: With train / freeze patterns: what each matched and what they changed per part (model-wide when the
     #: report is); ``None`` without patterns.
     patterns: PatternSummary | None = field(default=None)
+    #: What the build is when it is not one that trains (``None``: wrapped for training): its first line says so.
+    untrained: str | None = field(default=None)
 
     @property
     def part_names(self) -> tuple[Part, ...]:
@@ -77,6 +79,7 @@ class FreezeReport:
             "trainable": self.trainable,
             "total": self.total,
             "notes": list(self.notes),
+            "untrained": self.untrained,
             "overridden_defaults": [
                 {"flag": o.flag, "provider_default": o.provider_default, "value": o.value}
                 for o in self.overridden_defaults
@@ -91,9 +94,10 @@ class FreezeReport:
         model = f" ({self.model_name})" if self.model_name else ""
         with_adapters = any(c.adapter_tensors for c in self.parts)
         extra = f" {'full-rank':>14} {'adapters':>12}" if with_adapters else ""
+        kind = f"not a training build ({self.untrained}): " if self.untrained else ""
         lines = [
-            f"bridge-freeze: {self.provider}{model}, family {self.family}: {self.selection.describe(self.part_names)}"
-            + (" (+ LoRA adapters)" if with_adapters else ""),
+            f"bridge-freeze: {kind}{self.provider}{model}, family {self.family}: "
+            f"{self.selection.describe(self.part_names)}" + (" (+ LoRA adapters)" if with_adapters else ""),
             f"  {'part':<18} {'trainable':>14}{extra} {'total':>14} {'%':>7}",
         ]
         total = PartCount(None, *(sum(col) for col in zip(*(c.as_row() for c in self.parts), strict=True)))
