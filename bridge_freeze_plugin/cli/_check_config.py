@@ -229,6 +229,7 @@ def _doc(args: argparse.Namespace, checked: Any, file: str | None, overrides: li
                            for p in (s.learning_rates.parts if s.learning_rates else ())},
         "own_freeze": [_own_doc(own) for own in s.own_freeze],
         "unread_freeze_keys": list(s.unread_freeze_keys),
+        "saved_provider": s.saved_provider,
     }
 
 
@@ -272,6 +273,7 @@ def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
         "schema_version": 1, "config": file, "overrides": overrides, "layout": None, "layout_reason": None,
         "composed": [], "layout_defaults": [], "family": None, "settings": None, "patterns": None,
         "learning_rates": None, "own_freeze": None, "unread_freeze_keys": None, "valid": False, "error": None,
+        "saved_provider": None,
         "error_type": None, "selection": None,
         "trained_parts": None, "frozen_parts": None, "pattern_parts": None, "lora": None, "adjustments": None,
     }
@@ -300,6 +302,8 @@ def _print_header(checked: Any, file: str | None, overrides: list[str]) -> None:
     for override in loaded.overrides:
         out(f"override: {override.text} ({_OPERATIONS[override.operation]} {override.key})")
     out(f"family: {_family_line(checked)}")
+    if checked.settings.saved_provider is not None:
+        out(f"saved provider: {checked.settings.saved_provider}")
     out("settings read:")
     for key, value, source in _settings(checked):
         shown = value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)

@@ -157,6 +157,9 @@ class Layout:
     resolvers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     #: ``key=value`` must name a key the config has (Hydra's struct mode: ``+key=value`` adds)
     strict_overrides: bool = False
+    #: the section a saved provider the run builds from is found from (NeMo-RL's ``policy``: its conversion cache;
+    #: :mod:`._conversion_cache`); ``None``: the run builds a fresh provider
+    conversion_cache: str | None = None
     #: the file is a provider as Bridge saved it, every field written (``run_config.yaml``): a flag and its alias
     #: that disagree are read as the build reads the provider (frozen if either is true)
     saves_every_field: bool = False
@@ -442,6 +445,7 @@ NEMO_RL = Layout(
     model_path="policy.model_name",
     family_from_name=True,
     unwritten_flags_keep_provider_default=True,
+    conversion_cache="policy",
     provider_target=None,
     # (model_overrides.recompute_granularity is refused by NeMo-RL: a MegatronConfig annotation)
     recompute=("policy.megatron_cfg.recompute_granularity",),

@@ -153,6 +153,8 @@ class RunSettings:
     provider_defaults: Mapping[str, str] = field(default_factory=dict)
     #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
     trainer: str = "the trainer"
+    #: the saved provider the run builds from (NeMo-RL's conversion cache), in words; ``None``: none
+    saved_provider: str | None = None
     #: flag -> the dotted keys of Bridge's names of it (aliases: ``freeze_sound_encoder``) in this layout
     alias_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -798,6 +800,10 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
     model and the vision encoder by default. Said per flag in :attr:`RunSettings.provider_defaults`."""
     if not layout.unwritten_flags_keep_provider_default:
         return s
+    if layout.conversion_cache is not None:  # NeMo-RL: its saved provider, found as NeMo-RL finds it
+        from bridge_freeze_plugin.config._saved_provider import with_saved_provider
+
+        return with_saved_provider(s, cfg, layout, family)
     from bridge_freeze_plugin.config._family import PROVIDER_FLAG_DEFAULTS
 
     known = PROVIDER_FLAG_DEFAULTS.get(family.name) if family is not None else None

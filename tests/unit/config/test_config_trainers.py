@@ -540,21 +540,90 @@ def test_nemo_rls_own_freeze_config_hook_is_read_and_checked_against_the_flags(c
     assert load_run(nemo_rl(GRPO_MEGATRON), agreeing).validate() == VISION
 
 
-def test_the_family_comes_from_a_local_checkpoint_and_unwritten_flags_keep_the_providers_defaults(tmp_path, capsys):
-    """NeMo-RL copies only the flags a config writes: Bridge's Qwen3VLMoEModelProvider freezes the LM and the
-    vision encoder by default (qwen3_vl_provider.py), so they stay frozen unless written false."""
+@pytest.fixture(autouse=True)
+def _no_conversion_cache(monkeypatch, tmp_path):
+    """NeMo-RL's conversion cache of this machine never leaks in: every test has its own (empty) one."""
+    monkeypatch.setenv("NRL_MEGATRON_CHECKPOINT_DIR", str(tmp_path / "nemo_rl_cache"))
+
+
+def test_the_family_comes_from_a_local_checkpoint_and_unwritten_flags_are_the_plugins_build(tmp_path, capsys):
+    """Issue 35 item 2: with the plugin, a fresh conversion builds Qwen3VLMoEModelProvider with every flag false
+    (the plugin's default replaces Bridge's true, qwen3_vl_provider.py), saves that, and the run reuses it: every
+    part trains unless written. (Before: "NeMo-RL leaves the provider's default", projection only.)"""
     checkpoint = tmp_path / "Qwen3-VL-30B-A3B"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
     doc = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}")
     assert doc["valid"] and doc["family"] == "qwen3_vl_moe", doc["error"]
-    assert doc["trained_parts"] == ["vision_projection"] and doc["frozen_parts"] == ["language_model", "vision_model"]
-    assert "Qwen3VLMoEModelProvider: true" in doc["settings"][f"{MCFG}.freeze_vision_model"]["source"]
-    written = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}",
-                         f"+{MCFG}.freeze_vision_model=false", f"+{MO}.freeze_language_model=false")
-    assert written["trained_parts"] == PARTS
+    assert doc["trained_parts"] == PARTS and doc["frozen_parts"] == []
+    cache = tmp_path / "nemo_rl_cache" / f"model_{str(checkpoint).replace('/', '_')}"  # NeMo-RL: a local path
+    assert doc["saved_provider"].startswith(f"none yet at {cache} ($NRL_MEGATRON_CHECKPOINT_DIR)")
+    assert "a fresh conversion" in doc["settings"][f"{MCFG}.freeze_vision_model"]["source"]
+    flagged = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}",
+                         f"+{MCFG}.freeze_vision_model=true")
+    assert flagged["trained_parts"] == ["language_model", "vision_projection"]
     _, out, _ = check(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}")
     assert "family: qwen3_vl_moe (from policy.model_name's config.json (model_type))" in out
+
+
+def _cache(tmp_path: Path, model: str, **flags: bool) -> Path:
+    """A conversion cache as NeMo-RL leaves it: <dir>/<model>/iter_0000000/run_config.yaml (Bridge's model section)."""
+    run_config = tmp_path / "nemo_rl_cache" / model / "iter_0000000" / "run_config.yaml"
+    run_config.parent.mkdir(parents=True)
+    model_section = {"_target_": "megatron.bridge.models.qwen_vl.qwen3_vl_provider.Qwen3VLMoEModelProvider", **flags}
+    run_config.write_text(yaml.safe_dump({"model": model_section}))
+    return run_config
+
+
+QWEN3_MOE = "Qwen/Qwen3-VL-30B-A3B-Instruct"
+
+
+@pytest.mark.parametrize(("cached", "trained"), [
+    # written by a conversion without the plugin: Bridge's defaults (LM and vision encoder true) stay in force
+    ({"freeze_language_model": True, "freeze_vision_model": True}, ["vision_projection"]),
+    # written with the plugin, the vision flag then set: removed from the config since, it stays in force
+    ({"freeze_language_model": False, "freeze_vision_model": True}, ["language_model", "vision_projection"]),
+    ({"freeze_language_model": False, "freeze_vision_model": False}, PARTS),
+])
+def test_check_config_predicts_with_the_conversion_cache_the_config_points_to(tmp_path, capsys, cached, trained):
+    """Issue 35 item 1: the flags a NeMo-RL config does not write keep the cache's values (setup_model_config loads
+    its run_config.yaml); check-config finds it as NeMo-RL does and says so, with a WARNING for a saved true."""
+    run_config = _cache(tmp_path, QWEN3_MOE, **cached)
+    doc = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={QWEN3_MOE}", "--family", "qwen3_vl_moe")
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == trained
+    assert doc["saved_provider"].startswith(f"{run_config} (found via $NRL_MEGATRON_CHECKPOINT_DIR)")
+    source = doc["settings"][f"{MO}.freeze_language_model"]["source"]
+    assert f"reuses its conversion cache {run_config}" in source
+    assert ("WARNING: Bridge's own default" in source) == cached["freeze_language_model"]
+    # a flag the config writes wins over the cache (model_overrides / the five keys are applied after loading it)
+    written = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={QWEN3_MOE}", "--family",
+                         "qwen3_vl_moe", f"+{MO}.freeze_language_model=false", f"+{MCFG}.freeze_vision_model=false")
+    assert written["trained_parts"] == PARTS
+    reconvert = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={QWEN3_MOE}", "--family",
+                           "qwen3_vl_moe", f"{MCFG}.force_reconvert_from_hf=true")
+    assert reconvert["trained_parts"] == PARTS and "force_reconvert_from_hf=true" in reconvert["saved_provider"] + \
+        reconvert["settings"][f"{MCFG}.freeze_vision_model"]["source"]
+
+
+def test_the_cache_folder_is_found_as_nemo_rl_finds_it(monkeypatch, tmp_path):
+    """get_megatron_checkpoint_dir's order, and the __hfovr_ suffix of hf_config_overrides (sha256 of the sorted
+    compact JSON, 12 hex digits: _get_hf_config_overrides_hash)."""
+    import hashlib
+
+    from bridge_freeze_plugin.config._conversion_cache import find_cache
+
+    policy = {"model_name": QWEN3_MOE, "megatron_cfg": {}}
+    assert find_cache(policy, {"NRL_MEGATRON_CHECKPOINT_DIR": "/a", "HF_HOME": "/b"}).folder == Path("/a", QWEN3_MOE)
+    assert find_cache(policy, {"NRL_MEGATRON_CHECKPOINT_DIR": " ", "HF_HOME": "/b"}).folder == \
+        Path("/b/nemo_rl", QWEN3_MOE)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert find_cache(policy, {}).folder == tmp_path / ".cache/huggingface/nemo_rl" / QWEN3_MOE
+    overrides = {"text_config": {"num_hidden_layers": 2}, "a": 1}
+    digest = hashlib.sha256(b'{"a":1,"text_config":{"num_hidden_layers":2}}').hexdigest()[:12]
+    found = find_cache({**policy, "hf_config_overrides": overrides}, {"NRL_MEGATRON_CHECKPOINT_DIR": "/a"})
+    assert found.folder == Path("/a", f"{QWEN3_MOE}__hfovr_{digest}")
+    assert find_cache({**policy, "pretrained_checkpoint": {"format": "megatron_lm", "path": "/x"}}, {}) is None
 
 
 def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
