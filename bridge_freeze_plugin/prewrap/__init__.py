@@ -53,12 +53,14 @@ from bridge_freeze_plugin.prewrap._provider import (
 )
 from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompute_adjustment, is_full
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, recording
 from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
 
 __all__ = [
     "MISSING",
     "PART_ATTR",
     "PLUGIN_CLASS_MARK",
+    "RUN_CONFIG_READERS",
     "STATE",
     "BuildContext",
     "Classifier",
@@ -76,6 +78,7 @@ __all__ = [
     "chunk_state",
     "declared_default",
     "flag_attributes",
+    "forget_saved",
     "freeze_chunks",
     "full_recompute_adjustment",
     "get_model_frozen",
@@ -90,6 +93,7 @@ __all__ = [
     "provide_distributed_frozen",
     "provide_frozen",
     "provider_label",
+    "recording",
     "resolve_family",
     "trainable_state_dict",
     "with_flag_fields",

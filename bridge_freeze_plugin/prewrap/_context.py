@@ -15,6 +15,7 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_aliases_back,
 )
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._saved import saved_flags
 from bridge_freeze_plugin.request import FreezeSelection, Part, asked_text
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class BuildContext:
     #: What the build is when no optimizer can train it (``wrap_with_ddp=False``, the meta device); ``None``: a
     #: build wrapped for training. The report's first line says it.
     untrained: str | None = None
+    #: flag -> the saved config (``run_config.yaml``) this process read that holds it true too (:mod:`._saved`)
+    saved_flags: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
@@ -50,6 +53,7 @@ class BuildContext:
             provider_label=provider_label(provider),
             model_name=model_name_of(provider),
             overridden_defaults=overridden_defaults(provider),
+            saved_flags=tuple(saved_flags(provider, selection.set_flags()).items()),
         )
 
     def wants_trainable(self, name: str, part: Part | None) -> bool | None:
@@ -93,4 +97,5 @@ class BuildContext:
             notes=self.notes,
             patterns=patterns,
             untrained=self.untrained,
+            saved_flags=self.saved_flags,
         )

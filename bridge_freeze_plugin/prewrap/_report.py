@@ -49,6 +49,8 @@ class FreezeReport:
     patterns: PatternSummary | None = field(default=None)
     #: What the build is when it is not one that trains (``None``: wrapped for training): its first line says so.
     untrained: str | None = field(default=None)
+    #: (flag, file): a flag set true that a saved config this process read holds true too (it may come from there)
+    saved_flags: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def part_names(self) -> tuple[Part, ...]:
@@ -80,6 +82,7 @@ class FreezeReport:
             "total": self.total,
             "notes": list(self.notes),
             "untrained": self.untrained,
+            "saved_flags": dict(self.saved_flags),
             "overridden_defaults": [
                 {"flag": o.flag, "provider_default": o.provider_default, "value": o.value}
                 for o in self.overridden_defaults
@@ -110,6 +113,8 @@ class FreezeReport:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
+        lines.extend(f"  {flag}=true: as in the saved config {path} (a fresh provider has false)"
+                     for flag, path in self.saved_flags)
         if self.patterns is not None:
             from bridge_freeze_plugin.request import summary_lines
 
@@ -119,5 +124,13 @@ class FreezeReport:
 
 
 def log_report(report: FreezeReport) -> None:
-    if is_rank0():
-        logger.info("%s", report.format())
+    if not is_rank0():
+        return
+    logger.info("%s", report.format())
+    if report.saved_flags and report.untrained is None:
+        files = sorted({path for _, path in report.saved_flags})
+        logger.warning(
+            "bridge-freeze: %s on %s: true in the saved config %s, which this run built its provider from (NeMo-RL's "
+            "conversion cache, or a checkpoint's run_config.yaml); a fresh provider has false. If this run's settings "
+            "did not ask for it, the saved value is in force: write the flag false, or delete / reconvert the file",
+            ", ".join(f"{flag}=true" for flag, _ in report.saved_flags), report.provider, " and ".join(files))

@@ -41,6 +41,14 @@ FAMILIES = sorted({"ernie45_vl", "exaone45_vl", "gemma3_vl", "gemma4_vl", "glm45
 #: The keys NeMo-RL copies from policy.megatron_cfg to the provider (iter_vlm_config_overrides), the flags among them.
 COPIED = ("freeze_vision_model", "freeze_vision_projection", "freeze_sound_encoder", "freeze_sound_projection")
 _BUILT: dict[tuple[str, FreezeSelection], list[str]] = {}
+#: The tiny configurations Bridge cannot instantiate back from a saved run_config.yaml, and why.
+_NOT_RELOADABLE = {"kimi_k25_vl": "its tiny provider holds the harness's offline stand-in of Kimi's remote-code vision "
+                                  "config (a private module), which Bridge's instantiate refuses"}
+
+
+def _reloadable(name: str) -> None:
+    if name in _NOT_RELOADABLE:
+        pytest.skip(_NOT_RELOADABLE[name])
 
 
 def _family_of(name: str) -> str:
@@ -102,9 +110,12 @@ def _save(provider: object, folder: Path, family: str) -> Path:
 
 def _load(name: str, folder: Path) -> object:
     from megatron.bridge.training.model_load_save import load_model_config
+    from megatron.bridge.utils.instantiate_utils import register_allowed_target_prefix
 
     from bridge_freeze_harness.tiny import build_context
 
+    # The tiny providers hold the harness's CPU layer specs (stand-ins for TE's): let Bridge instantiate them too.
+    register_allowed_target_prefix("bridge_freeze_harness.")
     with build_context(name):
         provider, _ = load_model_config(str(folder))
     return provider
@@ -114,6 +125,7 @@ def _load(name: str, folder: Path) -> object:
 def test_a_bridge_run_config_prediction_is_the_build_bridge_loads(cpu_bridge, capsys, tmp_path, name):
     from bridge_freeze_harness.tiny import make_provider
 
+    _reloadable(name)
     flag = _first_flag(name)
     folder = _save(make_provider(name, **{flag: True}), tmp_path / "iter_0000001", _family_of(name))
     predicted = _predicted(capsys, folder / "run_config.yaml", "--family", _family_of(name))
@@ -149,6 +161,7 @@ def _nemo_rl_args(model: str, family: str, megatron_cfg: dict, overrides: dict) 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_nemo_rl_prediction_is_the_build_nemo_rls_setup_makes(cpu_bridge, capsys, monkeypatch, tmp_path, name):
+    _reloadable(name)
     cache = tmp_path / "nemo_rl_cache"
     monkeypatch.setenv("NRL_MEGATRON_CHECKPOINT_DIR", str(cache))
     family, model = _family_of(name), f"tiny/{name}"

@@ -62,3 +62,52 @@ def test_a_run_config_saved_before_the_fix_is_read_as_the_build_read_it(tmp_path
     path = tmp_path / "run_config.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     assert load_run(path).validate() == FreezeSelection(**{flag: True})
+
+
+def test_a_flag_from_a_saved_config_is_said_per_flag_with_a_warning_naming_the_file(cpu_bridge, tmp_path, caplog):
+    """Issue 35 item 1: NeMo-RL reloads its conversion cache with Bridge's load_model_config at every set-up; a
+    flag the cache holds true (here freeze_vision_model, set when the cache was written, since removed from the
+    config) is said in the report as coming from that file, and a WARNING names it. A fresh provider's report
+    says nothing of the kind (in a process that read no saved config of its class)."""
+    import logging
+
+    from megatron.bridge.training.model_load_save import load_model_config
+
+    from bridge_freeze_harness.cpu_training import training_config
+    from bridge_freeze_harness.tiny import build_context, build_tiny_chunks, make_provider
+
+    folder = tmp_path / "cache" / "iter_0000000"
+    folder.mkdir(parents=True)
+    converted = make_provider("qwen3_vl_moe", freeze_vision_model=True)
+    training_config(converted, tmp_path / "work", 1, family="qwen3_vl_moe").to_yaml(str(folder / "run_config.yaml"))
+    with build_context("qwen3_vl_moe"):
+        provider, _ = load_model_config(str(folder))
+    caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
+    chunks = build_tiny_chunks("qwen3_vl_moe", provider)
+    names = {n for c in chunks for n, _ in c.named_parameters()}
+    trained = {n for c in chunks for n, p in c.named_parameters() if p.requires_grad}
+    assert trained == {n for n in names if part_of("qwen3_vl_moe", n) != "vision_model"}
+    saved = str(folder / "run_config.yaml")
+    (report,) = [r.getMessage() for r in caplog.records
+                 if r.levelno == logging.INFO and "bridge-freeze:" in r.getMessage()]
+    assert f"freeze_vision_model=true: as in the saved config {saved} (a fresh provider has false)" in report
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and saved in r.getMessage()]
+    assert warnings == []  # the harness's build is not wrapped for training (wrap_with_ddp=False): no warning
+    import dataclasses
+
+    from bridge_freeze_plugin import last_report
+    from bridge_freeze_plugin.prewrap._report import log_report
+
+    assert dict(last_report(provider).saved_flags) == {"freeze_vision_model": saved}
+    log_report(dataclasses.replace(last_report(provider), untrained=None))  # the same report, of a training build
+    (warning,) = [r.getMessage() for r in caplog.records
+                  if r.levelno == logging.WARNING and r.getMessage().startswith("bridge-freeze:")]
+    assert warning.startswith("bridge-freeze: freeze_vision_model=true on Qwen3VLMoEModelProvider: true in the "
+                              f"saved config {saved}, which this run built its provider from")
+    caplog.clear()
+    from bridge_freeze_plugin.prewrap import forget_saved
+
+    forget_saved()  # a process that read no saved config (the attribution is by provider class: docs in _saved.py)
+    fresh = make_provider("qwen3_vl_moe", freeze_vision_model=True)
+    build_tiny_chunks("qwen3_vl_moe", fresh)
+    assert "as in the saved config" not in "\n".join(r.getMessage() for r in caplog.records)
