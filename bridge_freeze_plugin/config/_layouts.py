@@ -157,6 +157,9 @@ class Layout:
     resolvers: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     #: ``key=value`` must name a key the config has (Hydra's struct mode: ``+key=value`` adds)
     strict_overrides: bool = False
+    #: what the run does with Bridge's name of a flag (an alias) that the family's provider does not declare, when
+    #: known (then check-config refuses it for such a family); ``None``: not known
+    foreign_alias: str | None = None
     #: the section a saved provider the run builds from is found from (NeMo-RL's ``policy``: its conversion cache;
     #: :mod:`._conversion_cache`); ``None``: the run builds a fresh provider
     conversion_cache: str | None = None
@@ -363,6 +366,7 @@ BRIDGE = Layout(
     # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
     learning_rates="optimizer_config_override_provider",
     saves_every_field=True,
+    foreign_alias="Bridge's instantiate drops a field its provider class lacks (with a warning)",
     learning_rates_targets=("bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
                             "bridge_freeze_plugin.optim.PartLROverrideProvider"),
 )
@@ -446,6 +450,8 @@ NEMO_RL = Layout(
     family_from_name=True,
     unwritten_flags_keep_provider_default=True,
     conversion_cache="policy",
+    foreign_alias=("NeMo-RL refuses a policy.megatron_cfg key the provider lacks (a ValueError when the policy is "
+                   "set up)"),
     provider_target=None,
     # (model_overrides.recompute_granularity is refused by NeMo-RL: a MegatronConfig annotation)
     recompute=("policy.megatron_cfg.recompute_granularity",),

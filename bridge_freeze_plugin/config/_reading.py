@@ -153,6 +153,10 @@ class RunSettings:
     provider_defaults: Mapping[str, str] = field(default_factory=dict)
     #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
     trainer: str = "the trainer"
+    #: dotted keys of Bridge's names of a flag (aliases) the config writes, and what the run does with one the
+    #: family's provider lacks (``None``: not known, not checked)
+    aliases_written: tuple[str, ...] = ()
+    foreign_alias: str | None = None
     #: the saved provider the run builds from (NeMo-RL's conversion cache), in words; ``None``: none
     saved_provider: str | None = None
     #: flag -> the dotted keys of Bridge's names of it (aliases: ``freeze_sound_encoder``) in this layout
@@ -789,6 +793,9 @@ def _read(cfg: Any, layout: Layout, source: Source) -> RunSettings:
         lora_class=None if lora_class is None else str(lora_class),
         vlm_lora=_vlm_lora(cfg, layout, lora, source),
         trainer=layout.trainer,
+        foreign_alias=layout.foreign_alias,
+        aliases_written=tuple(f"{layout.alias_home(a)}.{a}" for a in ALIASES
+                              if a in sections.get(layout.alias_home(a), {})),
         alias_keys={flag: tuple(f"{layout.alias_home(a)}.{a}" for a, f in ALIASES.items() if f == flag)
                     for flag in FLAGS},
     )

@@ -151,6 +151,9 @@ class FamilySpec:
     no_full_recompute: tuple[str, ...] = ()
     #: The parts whose gradients that recompute gets wrong (their training triggers the fix).
     full_recompute_affects: tuple[str, ...] = ()
+    #: Bridge's own names of a flag (``request.ALIASES``: ``freeze_sound_encoder``...) that this family's provider
+    #: declares as fields; written for another family, a run drops them (or NeMo-RL refuses them).
+    aliases: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
