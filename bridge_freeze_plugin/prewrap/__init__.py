@@ -52,7 +52,7 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_selection,
 )
 from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompute_adjustment, is_full
-from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, recording
 from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
 
@@ -85,6 +85,7 @@ __all__ = [
     "is_full",
     "is_plugin_class",
     "last_report",
+    "log_report",
     "model_name_of",
     "model_wide_checks_skipped",
     "named_parameters",

@@ -96,7 +96,7 @@ def test_a_flag_from_a_saved_config_is_said_per_flag_with_a_warning_naming_the_f
     import dataclasses
 
     from bridge_freeze_plugin import last_report
-    from bridge_freeze_plugin.prewrap._report import log_report
+    from bridge_freeze_plugin.prewrap import log_report
 
     assert dict(last_report(provider).saved_flags) == {"freeze_vision_model": saved}
     log_report(dataclasses.replace(last_report(provider), untrained=None))  # the same report, of a training build
