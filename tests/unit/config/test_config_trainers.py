@@ -702,3 +702,13 @@ def test_bridges_name_of_an_audio_flag_is_refused_for_a_family_whose_provider_la
         with pytest.raises(InvalidFreezeConfigError) as err:
             load_run(path, [override], family=family).validate()
         assert f"the {family} model's provider has no field {alias}" in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["true", "1"])
+def test_an_audio_flag_under_model_overrides_keeps_every_rule(value):
+    """Accepted under model_overrides, the audio flag is still a boolean, and still refused for a model without
+    an audio side (the GRPO example is Qwen2.5-VL)."""
+    with pytest.raises((bfp.PartNotInFamilyError, bfp.FreezeFlagTypeError)) as err:
+        load_run(nemo_rl(GRPO_MEGATRON), [f"+{MO}.freeze_audio_model={value}"]).validate()
+    words = "no audio encoder" if value == "true" else "must be a boolean"
+    assert f"{MO}.freeze_audio_model" in str(err.value) and words in str(err.value)
