@@ -43,7 +43,10 @@ COPIED = ("freeze_vision_model", "freeze_vision_projection", "freeze_sound_encod
 _BUILT: dict[tuple[str, FreezeSelection], list[str]] = {}
 #: The tiny configurations Bridge cannot instantiate back from a saved run_config.yaml, and why.
 _NOT_RELOADABLE = {"kimi_k25_vl": "its tiny provider holds the harness's offline stand-in of Kimi's remote-code vision "
-                                  "config (a private module), which Bridge's instantiate refuses"}
+                                  "config (a private module), which Bridge's instantiate refuses",
+                   "nemotron_omni": "its tiny provider holds the harness's eager activation stand-in, which Bridge's "
+                                    "run_config.yaml cannot instantiate back (its saved file is read in "
+                                    "test_saved_selection.py)"}
 
 
 def _reloadable(name: str) -> None:
