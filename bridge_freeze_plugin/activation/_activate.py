@@ -39,6 +39,7 @@ from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
 from bridge_freeze_plugin.prewrap import (
     MISSING,
+    RUN_CONFIG_READERS,
     STATE,
     FlagField,
     declared_default,
@@ -47,6 +48,7 @@ from bridge_freeze_plugin.prewrap import (
     is_plugin_class,
     provide_distributed_frozen,
     provide_frozen,
+    recording,
     resolve_family,
 )
 from bridge_freeze_plugin.ranks import is_rank0
@@ -76,6 +78,8 @@ def activate() -> None:
         _watch(spec)
     POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
     POST_IMPORT.watch(_GET_MODEL[0], _route_get_model)
+    for module, _ in RUN_CONFIG_READERS:
+        POST_IMPORT.watch(module, _record_run_configs)
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
@@ -319,6 +323,20 @@ def _route_get_model(module: ModuleType) -> None:
         routed = functools.wraps(original)(functools.partial(get_model_frozen, original))
         routed.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
         setattr(module, _GET_MODEL[1], routed)
+
+
+def _record_run_configs(module: ModuleType) -> None:
+    """Bridge's ``read_run_config`` records the saved configs it reads (``prewrap._saved``: flag provenance)."""
+    name = RUN_CONFIG_READERS[0][1]
+    original = module.__dict__.get(name)
+    if not STATE.active or not callable(original):
+        return
+    with STATE.lock:
+        if hasattr(original, "__bridge_freeze_wrapped__"):  # imported by name from the wrapped module
+            STATE.guarded.setdefault(module, {})[name] = original.__bridge_freeze_wrapped__  # type: ignore[index]
+            return
+        STATE.guarded.setdefault(module, {})[name] = original  # type: ignore[index]
+        setattr(module, name, recording(original))
 
 
 def _check_part_learning_rates(module: ModuleType) -> None:

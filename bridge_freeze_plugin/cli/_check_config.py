@@ -18,7 +18,7 @@ from typing import Any
 
 from bridge_freeze_plugin.cli._check_config_summary import lora_line, model_parts, summarize, trains_line
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
-from bridge_freeze_plugin.config import LAYOUTS
+from bridge_freeze_plugin.config import LAYOUTS, select
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.optim import LR_KEYS
 from bridge_freeze_plugin.request import INFO, PATTERN_KEYS, FreezeSelection
@@ -51,7 +51,9 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     rates (those set), then the other settings."""
     s, loaded = checked.settings, checked.loaded
     flags = [INFO[part].flag for part in model_parts(s.selection, s.family)]
-    rows = [(s.key_of(flag), getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(s.key_of(flag)))
+    keys = {flag: next((k for k in s.keys_of(flag) if select(loaded.cfg, k) is not None), s.key_of(flag))
+            for flag in flags}  # where each flag was written: its own key, or Bridge's name of it
+    rows = [(keys[flag], getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(keys[flag]))
             for flag in flags]
     rows += [(s.key_of(key), list(getattr(s.selection, key)), loaded.source(s.key_of(key))) for key in PATTERN_KEYS]
     rates = s.learning_rates.as_dict() if s.learning_rates else {}
@@ -100,6 +102,7 @@ def _doc(args: argparse.Namespace, checked: Any, file: str | None, overrides: li
                            for p in (s.learning_rates.parts if s.learning_rates else ())},
         "own_freeze": [_own_doc(own) for own in s.own_freeze],
         "unread_freeze_keys": list(s.unread_freeze_keys),
+        "saved_provider": s.saved_provider,
     }
 
 
@@ -143,6 +146,7 @@ def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
         "schema_version": 1, "config": file, "overrides": overrides, "layout": None, "layout_reason": None,
         "composed": [], "layout_defaults": [], "family": None, "settings": None, "patterns": None,
         "learning_rates": None, "own_freeze": None, "unread_freeze_keys": None, "valid": False, "error": None,
+        "saved_provider": None,
         "error_type": None, "selection": None,
         "trained_parts": None, "frozen_parts": None, "pattern_parts": None, "lora": None, "adjustments": None,
     }
@@ -171,6 +175,8 @@ def _print_header(checked: Any, file: str | None, overrides: list[str]) -> None:
     for override in loaded.overrides:
         out(f"override: {override.text} ({_OPERATIONS[override.operation]} {override.key})")
     out(f"family: {_family_line(checked)}")
+    if checked.settings.saved_provider is not None:
+        out(f"saved provider: {checked.settings.saved_provider}")
     out("settings read:")
     for key, value, source in _settings(checked):
         shown = value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)

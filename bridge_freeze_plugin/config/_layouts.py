@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.errors import ConfigLoadError
-from bridge_freeze_plugin.request import FLAGS, PATTERN_KEYS, Part
+from bridge_freeze_plugin.request import ALIASES, FLAGS, PATTERN_KEYS, Part
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,8 @@ class Layout:
     recompute: tuple[str, ...]
     #: a plugin key (flag or pattern key) -> the section it goes in, when not :attr:`flags`
     flag_homes: Mapping[str, str] = field(default_factory=dict)
+    #: Bridge's name of a flag (an alias, ``freeze_sound_encoder``) -> the section it goes in, when not the flag's
+    alias_homes: Mapping[str, str] = field(default_factory=dict)
     #: a section the plugin's keys may go in -> why a plugin key homed elsewhere is not applied there
     section_notes: Mapping[str, str] = field(default_factory=dict)
     #: ((key, strategy), ...): the strategy is the one whose key is true (NeMo-RL's ``enabled`` switches)
@@ -158,6 +160,15 @@ class Layout:
     #: SkyRL's layout: its root class in SkyRL's field listing (``config._skyrl_fields``), the config checked as
     #: SkyRL's loader checks it and read as its Megatron worker reads it (``config._skyrl.adapt``)
     skyrl: str | None = None
+    #: what the run does with Bridge's name of a flag (an alias) that the family's provider does not declare, when
+    #: known (then check-config refuses it for such a family); ``None``: not known
+    foreign_alias: str | None = None
+    #: the section a saved provider the run builds from is found from (NeMo-RL's ``policy``: its conversion cache;
+    #: :mod:`._conversion_cache`); ``None``: the run builds a fresh provider
+    conversion_cache: str | None = None
+    #: the file is a provider as Bridge saved it, every field written (``run_config.yaml``): a flag and its alias
+    #: that disagree are read as the build reads the provider (frozen if either is true)
+    saves_every_field: bool = False
 
     def key(self, setting: str) -> str:
         """The dotted key of a plugin key (a flag or a pattern key) in this layout."""
@@ -166,6 +177,10 @@ class Layout:
     def home(self, setting: str) -> str:
         """The section a plugin key (a flag or a pattern key) goes in."""
         return self.flag_homes.get(setting, self.flags)
+
+    def alias_home(self, alias: str) -> str:
+        """The section Bridge's name of a flag (``freeze_sound_encoder``) goes in: its own, else its flag's."""
+        return self.alias_homes.get(alias, self.home(ALIASES[alias]))
 
     @property
     def plugin_homes(self) -> tuple[str, ...]:
@@ -355,6 +370,8 @@ BRIDGE = Layout(
     # Bridge applies per-part learning rates through the optimizer override provider, never from the provider
     # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
     learning_rates="optimizer_config_override_provider",
+    saves_every_field=True,
+    foreign_alias="Bridge's instantiate drops a field its provider class lacks (with a warning)",
     learning_rates_targets=("bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
                             "bridge_freeze_plugin.optim.PartLROverrideProvider"),
 )
@@ -368,6 +385,13 @@ _MODEL_OVERRIDES = "policy.megatron_cfg.model_overrides"
 #: (``iter_vlm_config_overrides``); every other provider field goes through ``model_overrides``.
 NEMO_RL_PROVIDER_KEYS = ("radio_force_cpe_eval_mode", "freeze_vision_model", "freeze_vision_projection",
                          "freeze_sound_encoder", "freeze_sound_projection")
+#: Keys of ``model_overrides`` NeMo-RL refuses (``_validate_model_override_conflicts``: a key annotated on its
+#: ``MegatronConfig`` is a first-class setting) that name a setting the rules read, and why / what to write.
+_FIRST_CLASS = ("duplicates the first-class setting policy.megatron_cfg.{key}, which NeMo-RL refuses (a ValueError "
+                "when the policy is set up). Write policy.megatron_cfg.{key}")
+_NEMO_RL_REFUSED_OVERRIDES = {key: _FIRST_CLASS for key in ("freeze_sound_encoder", "freeze_sound_projection",
+                                                              "freeze_moe_router", "radio_force_cpe_eval_mode",
+                                                              "recompute_granularity")}
 _NEMO_RL_FREEZE_CONFIG = OwnSetting(
     "the part its name gives, whole", "NeMo-RL (policy.megatron_cfg.freeze_config: a pre-wrap hook passes it to the "
     "model's freeze())", freezes_parts=True)
@@ -401,8 +425,13 @@ NEMO_RL = Layout(
     # NeMo-RL copies only freeze_vision_model / freeze_vision_projection (and the sound and RADIO fields) from
     # megatron_cfg to the provider; the LM flag and the patterns are provider fields it passes through
     # model_overrides.
+    # The audio flags too: NeMo-RL drops policy.megatron_cfg.freeze_audio_model (not one of the five keys it
+    # copies); its own names of the audio parts, freeze_sound_encoder / freeze_sound_projection, are copied from
+    # megatron_cfg (Bridge's aliases of the audio flags, on Nemotron Omni's provider).
     flag_homes={"freeze_language_model": _MODEL_OVERRIDES, "train_patterns": _MODEL_OVERRIDES,
-                "freeze_patterns": _MODEL_OVERRIDES},
+                "freeze_patterns": _MODEL_OVERRIDES, "freeze_audio_model": _MODEL_OVERRIDES,
+                "freeze_audio_projection": _MODEL_OVERRIDES},
+    alias_homes={"freeze_sound_encoder": _MEGATRON_CFG, "freeze_sound_projection": _MEGATRON_CFG},
     section_notes={
         _MEGATRON_CFG: "NeMo-RL copies from policy.megatron_cfg to the model provider only "
                        f"{', '.join(NEMO_RL_PROVIDER_KEYS)}; any other provider field goes under model_overrides",
@@ -425,17 +454,19 @@ NEMO_RL = Layout(
     model_path="policy.model_name",
     family_from_name=True,
     unwritten_flags_keep_provider_default=True,
+    conversion_cache="policy",
+    foreign_alias=("NeMo-RL refuses a policy.megatron_cfg key the provider lacks (a ValueError when the policy is "
+                   "set up)"),
     provider_target=None,
-    recompute=("policy.megatron_cfg.recompute_granularity", f"{_MODEL_OVERRIDES}.recompute_granularity"),
+    # (model_overrides.recompute_granularity is refused by NeMo-RL: a MegatronConfig annotation)
+    recompute=("policy.megatron_cfg.recompute_granularity",),
     recompute_switches={"policy.megatron_cfg.recompute_granularity": "policy.megatron_cfg.activation_checkpointing"},
     reference_sections=(("teacher", "the distillation teacher"),
                         ("on_policy_distillation", "the distillation teachers")),
     own={**_nemo_rl_own(_MEGATRON_CFG), **_nemo_rl_own("teacher.megatron_cfg"),
          "*dtensor_cfg.automodel_kwargs.freeze_config": _AUTOMODEL_FREEZE,
          "on_policy_distillation*": OwnSetting("a teacher's setting", "NeMo-RL", outside=True)},
-    refused={_MODEL_OVERRIDES: {key: "duplicates the first-class setting policy.megatron_cfg.{key}, which NeMo-RL "
-                                     "refuses (a ValueError when the policy is set up). Write policy.megatron_cfg.{key}"
-                                for key in ("freeze_sound_encoder", "freeze_sound_projection", "freeze_moe_router")}},
+    refused={_MODEL_OVERRIDES: _NEMO_RL_REFUSED_OVERRIDES},
     decides=(Marker(("policy", "grpo")), Marker(("policy", "sft"))),
     hints=(Marker(("policy",)),),
     learning_rates_refused=(

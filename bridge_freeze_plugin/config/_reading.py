@@ -153,6 +153,14 @@ class RunSettings:
     provider_defaults: Mapping[str, str] = field(default_factory=dict)
     #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
     trainer: str = "the trainer"
+    #: dotted keys of Bridge's names of a flag (aliases) the config writes, and what the run does with one the
+    #: family's provider lacks (``None``: not known, not checked)
+    aliases_written: tuple[str, ...] = ()
+    foreign_alias: str | None = None
+    #: the saved provider the run builds from (NeMo-RL's conversion cache), in words; ``None``: none
+    saved_provider: str | None = None
+    #: flag -> the dotted keys of Bridge's names of it (aliases: ``freeze_sound_encoder``) in this layout
+    alias_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def parts(self) -> tuple[Part, ...]:
@@ -162,6 +170,10 @@ class RunSettings:
     def key_of(self, name: str) -> str:
         """The dotted key of a plugin key (a flag or a pattern key) in this run's config."""
         return self.flag_keys.get(name, f"{self.flags_key}.{name}")
+
+    def keys_of(self, flag: str) -> tuple[str, ...]:
+        """Every key a flag may be written under in this run's config: its own, then Bridge's names of it."""
+        return (self.key_of(flag), *self.alias_keys.get(flag, ()))
 
 
 def plain(node: Any, key: str) -> Any:
@@ -233,6 +245,8 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
     ``freeze_audio_model`` is never "a misspelling of freeze_vision_model". ``any_own``: every ``freeze_*`` key
     of the section is such a setting. ``refused``: names that are no setting there, with why.
     """
+    if refused and key in refused:  # first: an alias may be no setting in a section (NeMo-RL's model_overrides)
+        return (f"{where}.{key} {refused[key].format(section=where, key=key)}", False)
     if key in FLAGS or key in ALIASES:
         if isinstance(value, bool):
             return None
@@ -247,8 +261,6 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
         if isinstance(items, (list, tuple)) and all(isinstance(i, str) for i in items):
             return None
         return (f"{where}.{key} must be a list of patterns (strings), got {as_yaml(value)!r}", False)
-    if refused and key in refused:
-        return (f"{where}.{key} {refused[key].format(section=where, key=key)}", False)
     if (any_own and key.startswith("freeze_")) or (known is not None and key in known):
         return None  # Bridge's or the trainer's own setting (read and said, never the plugin's)
     close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
@@ -292,16 +304,26 @@ def _checked_section(section: Mapping[str, Any] | None, where: str, known: froze
     return section
 
 
-def _selection(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str]) -> FreezeSelection:
-    """The selection from checked sections: each plugin key read from its home section (``homes``)."""
+def _selection(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str],
+               saved: bool = False) -> FreezeSelection:
+    """The selection from checked sections: each plugin key read from its home section (``homes``; an alias of a
+    flag from its own home when ``homes`` names one, else its flag's).
+
+    ``saved``: the sections are a provider as Bridge saved it (``run_config.yaml``: every field written), so a flag
+    and its alias that disagree are read as the build reads such a provider: the part is frozen if either is true
+    (a build before the plugin wrote the merged value back saved the alias true and the flag false)."""
     flags = {key: sections[homes[key]][key] for key in FLAGS if key in sections.get(homes[key], {})}
     for alias, flag in ALIASES.items():  # Bridge's own name of a flag (freeze_sound_encoder): read as the flag
-        home = sections.get(homes[flag], {})
+        where = homes.get(alias, homes[flag])
+        home = sections.get(where, {})
         if alias not in home:
             continue
         if flag in flags and flags[flag] != home[alias]:
+            if saved:  # every field saved (Bridge's run_config.yaml): the build froze the part if either is true
+                flags[flag] = True
+                continue
             raise InvalidFreezeConfigError(
-                f"{homes[flag]}.{alias}={as_yaml(home[alias])} and {homes[flag]}.{flag}={as_yaml(flags[flag])} "
+                f"{where}.{alias}={as_yaml(home[alias])} and {homes[flag]}.{flag}={as_yaml(flags[flag])} "
                 f"disagree: {alias} is Bridge's name of {flag} (the same part). Write one of them.")
         flags[flag] = home[alias]
     patterns = {key: [value] if isinstance(value, str) else list(value) for key in PATTERN_KEYS
@@ -729,7 +751,8 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
         known = layout.own_keys(home)
         sections[home] = _checked_section(section(cfg, home), home, known or frozenset(),
                                           layout.refused_here(home), any_own=known is None)
-    selection = _selection(sections, homes)
+    selection = _selection(sections, {**homes, **{a: layout.alias_home(a) for a in ALIASES}},
+                           saved=layout.saves_every_field)
     reference = None
     if layout.reference_flags is not None:
         reference = read_selection(section(cfg, layout.reference_flags), where=layout.reference_flags,
@@ -778,6 +801,11 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
         lora_class=None if lora_class is None else str(lora_class),
         vlm_lora=_vlm_lora(cfg, layout, lora, source),
         trainer=layout.trainer,
+        foreign_alias=layout.foreign_alias,
+        aliases_written=tuple(f"{layout.alias_home(a)}.{a}" for a in ALIASES
+                              if a in sections.get(layout.alias_home(a), {})),
+        alias_keys={flag: tuple(f"{layout.alias_home(a)}.{a}" for a, f in ALIASES.items() if f == flag)
+                    for flag in FLAGS},
     )
 
 
@@ -787,13 +815,17 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
     model and the vision encoder by default. Said per flag in :attr:`RunSettings.provider_defaults`."""
     if not layout.unwritten_flags_keep_provider_default:
         return s
+    if layout.conversion_cache is not None:  # NeMo-RL: its saved provider, found as NeMo-RL finds it
+        from bridge_freeze_plugin.config._saved_provider import with_saved_provider
+
+        return with_saved_provider(s, cfg, layout, family)
     from bridge_freeze_plugin.config._family import PROVIDER_FLAG_DEFAULTS
 
     known = PROVIDER_FLAG_DEFAULTS.get(family.name) if family is not None else None
     on: dict[str, bool] = {}
     notes: dict[str, str] = {}
     for flag in FLAGS:
-        if select(cfg, s.key_of(flag)) is not None:
+        if any(select(cfg, key) is not None for key in s.keys_of(flag)):
             continue
         if known is not None and flag in known[1]:
             on[flag] = True

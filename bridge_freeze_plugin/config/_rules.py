@@ -22,6 +22,7 @@ from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
 from bridge_freeze_plugin.prewrap import full_recompute_adjustment, is_full, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import (
+    ALIASES,
     BY_NAME,
     FLAG_PARTS,
     FLAGS,
@@ -196,6 +197,14 @@ def supported_provider(s: RunSettings) -> FamilySpec | None:
             f"{keys}: the {family.name} model has no {what} (its parts: {family.describe_parts()}), so the flag "
             f"cannot freeze anything. Remove {', '.join(s.key_of(f) for f in missing)} (or set it to false)."
         )
+    foreign = [] if family is None or s.foreign_alias is None else [
+        k for k in s.aliases_written if k.rsplit(".", 1)[1] not in family.aliases]
+    if foreign:
+        alias = foreign[0].rsplit(".", 1)[1]
+        raise InvalidFreezeConfigError(
+            f"{foreign[0]}: the {family.name} model's provider has no field {alias} (Bridge's name of "
+            f"{ALIASES[alias]} on another family's provider), so the run would not apply it: {s.foreign_alias}. "
+            f"Write {s.key_of(ALIASES[alias])} instead.")
     absent = [] if family is None or s.learning_rates is None else [
         name for name in s.learning_rates.names() if name in BY_NAME and not family.has_part(BY_NAME[name])]
     if absent:

@@ -155,6 +155,9 @@ class FamilySpec:
     #: becomes Bridge's ``LinearAdapter``, whose training no Bridge export carries (config rules refuse such
     #: targets; the build refuses the adapters whatever the table says).
     plain_linear: tuple[str, ...] = ()
+    #: Bridge's own names of a flag (``request.ALIASES``: ``freeze_sound_encoder``...) that this family's provider
+    #: declares as fields; written for another family, a run drops them (or NeMo-RL refuses them).
+    aliases: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)

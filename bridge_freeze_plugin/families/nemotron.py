@@ -29,6 +29,7 @@ FAMILIES = [
         providers=("megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronOmniModelProvider",),
         hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3",),
         parts={"audio_model": ("llava_model.sound_model",), "audio_projection": ("llava_model.sound_projection",)},
+        aliases=("freeze_sound_encoder", "freeze_sound_projection"),
         **_LLAVA,
     ),
 ]

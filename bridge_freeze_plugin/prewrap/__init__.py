@@ -55,14 +55,16 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_selection,
 )
 from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompute_adjustment, is_full
-from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._running_stats import STATS_ATTR, stats_move, tracks_running_stats
+from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, recording
 from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
 
 __all__ = [
     "MISSING",
     "PART_ATTR",
     "PLUGIN_CLASS_MARK",
+    "RUN_CONFIG_READERS",
     "STATE",
     "STATS_ATTR",
     "BuildContext",
@@ -81,6 +83,7 @@ __all__ = [
     "chunk_state",
     "declared_default",
     "flag_attributes",
+    "forget_saved",
     "freeze_chunks",
     "full_recompute_adjustment",
     "get_model_frozen",
@@ -88,6 +91,7 @@ __all__ = [
     "is_plugin_class",
     "last_report",
     "linear_adapters",
+    "log_report",
     "model_name_of",
     "model_wide_checks_skipped",
     "named_parameters",
@@ -96,6 +100,7 @@ __all__ = [
     "provide_distributed_frozen",
     "provide_frozen",
     "provider_label",
+    "recording",
     "resolve_family",
     "stats_move",
     "tracks_running_stats",

@@ -7,8 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap._counting import PartTally
-from bridge_freeze_plugin.prewrap._provider import model_name_of, overridden_defaults, provider_label, resolve_family
+from bridge_freeze_plugin.prewrap._provider import (
+    model_name_of,
+    overridden_defaults,
+    provider_label,
+    resolve_family,
+    write_aliases_back,
+)
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._saved import saved_flags
 from bridge_freeze_plugin.request import FreezeSelection, Part, asked_text
 
 if TYPE_CHECKING:
@@ -28,17 +35,25 @@ class BuildContext:
     notes: tuple[str, ...] = ()
     #: Turn full activation recompute off in the family's ``no_full_recompute`` modules after the build.
     vision_recompute_off: bool = False
+    #: What the build is when no optimizer can train it (``wrap_with_ddp=False``, the meta device); ``None``: a
+    #: build wrapped for training. The report's first line says it.
+    untrained: str | None = None
+    #: flag -> the saved config (``run_config.yaml``) this process read that holds it true too (:mod:`._saved`)
+    saved_flags: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
         """Read the provider once. Raises ``UnsupportedFreezeFlagError`` for a flag no family can honour."""
-        selection = FreezeSelection.from_object(provider) if selection is None else selection
+        if selection is None:
+            selection = FreezeSelection.from_object(provider)
+            write_aliases_back(provider, selection)  # what Bridge saves of the provider says what was built
         return cls(
             family=resolve_family(provider, selection),
             selection=selection,
             provider_label=provider_label(provider),
             model_name=model_name_of(provider),
             overridden_defaults=overridden_defaults(provider),
+            saved_flags=tuple(saved_flags(provider, selection.set_flags()).items()),
         )
 
     def wants_trainable(self, name: str, part: Part | None) -> bool | None:
@@ -81,4 +96,6 @@ class BuildContext:
             overridden_defaults=self.overridden_defaults,
             notes=self.notes,
             patterns=patterns,
+            untrained=self.untrained,
+            saved_flags=self.saved_flags,
         )

@@ -84,9 +84,35 @@ def check_recompute(provider: Any, context: BuildContext) -> BuildContext:
     return context
 
 
-def preflight(provider: Any) -> BuildContext:
+#: What a build not wrapped for training is, in the report's first line.
+NOT_WRAPPED = ("wrap_with_ddp=False: a checkpoint conversion, an export or an inference copy, nothing trains here; "
+               "a later run may reuse what Bridge saves of this provider")
+ON_META = "built on the meta device for a plan: no weights, nothing trains"
+
+
+def untrained_kind(provider: Any, wrap_with_ddp: Any = True, meta: Any = None) -> str | None:
+    """What a build is when nothing can train it (``None``: a build wrapped for training)."""
+    if meta if meta is not None else getattr(provider, "init_model_with_meta_device", False):
+        return ON_META
+    return None if wrap_with_ddp is not False else NOT_WRAPPED
+
+
+def _arguments(build: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``build``'s arguments by name, as this call gives them (only the keywords when they cannot be bound)."""
+    import inspect
+
+    try:
+        return dict(inspect.signature(build).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return dict(kwargs)
+
+
+def preflight(provider: Any, untrained: str | None = None) -> BuildContext:
     """Everything the provider can tell before a model is built (raises before any build)."""
-    return check_recompute(provider, BuildContext.of(provider))
+    context = BuildContext.of(provider)
+    if untrained is not None:
+        context = dataclasses.replace(context, untrained=untrained)
+    return check_recompute(provider, context)
 
 
 def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -98,7 +124,7 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     outer = _calls().get(id(provider))
     if outer is not None and outer.providing:
         return build(*args, **kwargs)
-    context = preflight(provider) if outer is None else outer.context
+    context = preflight(provider, untrained_kind(provider)) if outer is None else outer.context
     distributed = outer is not None  # then an error here must stop every rank
     with _entered(provider, _Call(context, distributed, providing=True)), flags_hidden(provider):
         with errors_agreed(distributed):
@@ -143,7 +169,9 @@ def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: 
     """
     if id(provider) in _calls():
         return build(*args, **kwargs)
-    context = preflight(provider)
+    bound = _arguments(build, args, kwargs)
+    context = preflight(provider, untrained_kind(provider, bound.get("wrap_with_ddp", True),
+                                                 bound.get("init_model_with_meta_device")))
     hooks = user_hooks(provider, kwargs.pop("pre_wrap_hook", None))
     kwargs["pre_wrap_hook"] = HookChain(provider, context, hooks)
     with _entered(provider, _Call(context, distributed=True, providing=False)):
@@ -165,7 +193,8 @@ def get_model_frozen(build: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     provider = bound.arguments.get("model_provider", args[0] if args else None)
     if provider is None or id(provider) in _calls() or family_for_provider(provider) is None:
         return build(*args, **kwargs)
-    context = preflight(provider)
+    context = preflight(provider, untrained_kind(provider, bound.arguments.get("wrap_with_ddp", True),
+                                                 bound.arguments.get("init_model_with_meta_device")))
     explicit = bound.arguments.get("pre_wrap_hook")
     hooks = user_hooks(provider, explicit) if explicit else []
     bound.arguments["pre_wrap_hook"] = HookChain(provider, context, hooks)

@@ -144,6 +144,20 @@ def write_selection(provider: Any, selection: FreezeSelection) -> None:
             setattr(provider, alias, getattr(selection, flag))
 
 
+def write_aliases_back(provider: Any, selection: FreezeSelection) -> None:
+    """Write the merged value of each flag that has a Bridge alias the provider's class declares back to both
+    fields (``freeze_sound_encoder`` and ``freeze_audio_model``), when they differ from it: the build freezes the
+    part if either is set, and what Bridge saves of the provider (``run_config.yaml``, a NeMo-RL conversion cache)
+    must say the same, not the alias true and the flag false."""
+    for alias, flag in ALIASES.items():
+        if declared_default(type(provider), alias) is None:
+            continue
+        value = getattr(selection, flag)
+        for name in (flag, alias):
+            if getattr(provider, name, None) is not value:
+                setattr(provider, name, value)
+
+
 def flag_attributes(cls: type) -> tuple[str, ...]:
     """The flags, and the Bridge alias fields ``cls`` declares: every field that freezes a part."""
     return (*FLAGS, *(alias for alias in ALIASES if declared_default(cls, alias) is not None))

@@ -47,6 +47,10 @@ class FreezeReport:
     #: With train / freeze patterns: what each matched and what they changed per part (model-wide when the
     #: report is); ``None`` without patterns.
     patterns: PatternSummary | None = field(default=None)
+    #: What the build is when it is not one that trains (``None``: wrapped for training): its first line says so.
+    untrained: str | None = field(default=None)
+    #: (flag, file): a flag set true that a saved config this process read holds true too (it may come from there)
+    saved_flags: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def part_names(self) -> tuple[Part, ...]:
@@ -77,6 +81,8 @@ class FreezeReport:
             "trainable": self.trainable,
             "total": self.total,
             "notes": list(self.notes),
+            "untrained": self.untrained,
+            "saved_flags": dict(self.saved_flags),
             "overridden_defaults": [
                 {"flag": o.flag, "provider_default": o.provider_default, "value": o.value}
                 for o in self.overridden_defaults
@@ -91,9 +97,10 @@ class FreezeReport:
         model = f" ({self.model_name})" if self.model_name else ""
         with_adapters = any(c.adapter_tensors for c in self.parts)
         extra = f" {'full-rank':>14} {'adapters':>12}" if with_adapters else ""
+        kind = f"not a training build ({self.untrained}): " if self.untrained else ""
         lines = [
-            f"bridge-freeze: {self.provider}{model}, family {self.family}: {self.selection.describe(self.part_names)}"
-            + (" (+ LoRA adapters)" if with_adapters else ""),
+            f"bridge-freeze: {kind}{self.provider}{model}, family {self.family}: "
+            f"{self.selection.describe(self.part_names)}" + (" (+ LoRA adapters)" if with_adapters else ""),
             f"  {'part':<18} {'trainable':>14}{extra} {'total':>14} {'%':>7}",
         ]
         total = PartCount(None, *(sum(col) for col in zip(*(c.as_row() for c in self.parts), strict=True)))
@@ -106,6 +113,8 @@ class FreezeReport:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
+        lines.extend(f"  {flag}=true: as in the saved config {path} (a fresh provider has false)"
+                     for flag, path in self.saved_flags)
         if self.patterns is not None:
             from bridge_freeze_plugin.request import summary_lines
 
@@ -115,5 +124,13 @@ class FreezeReport:
 
 
 def log_report(report: FreezeReport) -> None:
-    if is_rank0():
-        logger.info("%s", report.format())
+    if not is_rank0():
+        return
+    logger.info("%s", report.format())
+    if report.saved_flags and report.untrained is None:
+        files = sorted({path for _, path in report.saved_flags})
+        logger.warning(
+            "bridge-freeze: %s on %s: true in the saved config %s, which this run built its provider from (NeMo-RL's "
+            "conversion cache, or a checkpoint's run_config.yaml); a fresh provider has false. If this run's settings "
+            "did not ask for it, the saved value is in force: write the flag false, or delete / reconvert the file",
+            ", ".join(f"{flag}=true" for flag, _ in report.saved_flags), report.provider, " and ".join(files))

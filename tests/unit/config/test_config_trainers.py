@@ -99,9 +99,12 @@ def test_bridges_name_of_an_audio_flag_is_read_as_that_flag(alias, flag):
     assert selection == FreezeSelection(**{flag: True})
     assert load_run(BRIDGE_FILE, [f"model.{alias}=true", f"model.{flag}=true"],
                     family="nemotron_omni").validate() == FreezeSelection(**{flag: True})
+    # Written by hand in a trainer's section, the two disagreeing are refused (write one of them); in Bridge's
+    # run_config.yaml (every field saved) they are read as the build reads the provider (issue 37 item 7).
     with pytest.raises(InvalidFreezeConfigError) as err:
-        load_run(BRIDGE_FILE, [f"model.{alias}=true", f"model.{flag}=false"], family="nemotron_omni").validate()
-    assert f"model.{alias}=true and model.{flag}=false disagree" in str(err.value)
+        load_run(SFT_FILE, [f"+megatron_config.{alias}=true", f"megatron_config.{flag}=false"],
+                 family="nemotron_omni").validate()
+    assert f"megatron_config.{alias}=true and megatron_config.{flag}=false disagree" in str(err.value)
 
 
 @pytest.mark.parametrize("value", ["1", "0", "null", "'yes'"])
@@ -549,21 +552,90 @@ def test_nemo_rls_own_freeze_config_hook_is_read_and_checked_against_the_flags(c
     assert load_run(nemo_rl(GRPO_MEGATRON), agreeing).validate() == VISION
 
 
-def test_the_family_comes_from_a_local_checkpoint_and_unwritten_flags_keep_the_providers_defaults(tmp_path, capsys):
-    """NeMo-RL copies only the flags a config writes: Bridge's Qwen3VLMoEModelProvider freezes the LM and the
-    vision encoder by default (qwen3_vl_provider.py), so they stay frozen unless written false."""
+@pytest.fixture(autouse=True)
+def _no_conversion_cache(monkeypatch, tmp_path):
+    """NeMo-RL's conversion cache of this machine never leaks in: every test has its own (empty) one."""
+    monkeypatch.setenv("NRL_MEGATRON_CHECKPOINT_DIR", str(tmp_path / "nemo_rl_cache"))
+
+
+def test_the_family_comes_from_a_local_checkpoint_and_unwritten_flags_are_the_plugins_build(tmp_path, capsys):
+    """Issue 35 item 2: with the plugin, a fresh conversion builds Qwen3VLMoEModelProvider with every flag false
+    (the plugin's default replaces Bridge's true, qwen3_vl_provider.py), saves that, and the run reuses it: every
+    part trains unless written. (Before: "NeMo-RL leaves the provider's default", projection only.)"""
     checkpoint = tmp_path / "Qwen3-VL-30B-A3B"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
     doc = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}")
     assert doc["valid"] and doc["family"] == "qwen3_vl_moe", doc["error"]
-    assert doc["trained_parts"] == ["vision_projection"] and doc["frozen_parts"] == ["language_model", "vision_model"]
-    assert "Qwen3VLMoEModelProvider: true" in doc["settings"][f"{MCFG}.freeze_vision_model"]["source"]
-    written = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}",
-                         f"+{MCFG}.freeze_vision_model=false", f"+{MO}.freeze_language_model=false")
-    assert written["trained_parts"] == PARTS
+    assert doc["trained_parts"] == PARTS and doc["frozen_parts"] == []
+    cache = tmp_path / "nemo_rl_cache" / f"model_{str(checkpoint).replace('/', '_')}"  # NeMo-RL: a local path
+    assert doc["saved_provider"].startswith(f"none yet at {cache} ($NRL_MEGATRON_CHECKPOINT_DIR)")
+    assert "a fresh conversion" in doc["settings"][f"{MCFG}.freeze_vision_model"]["source"]
+    flagged = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}",
+                         f"+{MCFG}.freeze_vision_model=true")
+    assert flagged["trained_parts"] == ["language_model", "vision_projection"]
     _, out, _ = check(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={checkpoint}")
     assert "family: qwen3_vl_moe (from policy.model_name's config.json (model_type))" in out
+
+
+def _cache(tmp_path: Path, model: str, **flags: bool) -> Path:
+    """A conversion cache as NeMo-RL leaves it: <dir>/<model>/iter_0000000/run_config.yaml (Bridge's model section)."""
+    run_config = tmp_path / "nemo_rl_cache" / model / "iter_0000000" / "run_config.yaml"
+    run_config.parent.mkdir(parents=True)
+    model_section = {"_target_": "megatron.bridge.models.qwen_vl.qwen3_vl_provider.Qwen3VLMoEModelProvider", **flags}
+    run_config.write_text(yaml.safe_dump({"model": model_section}))
+    return run_config
+
+
+QWEN3_MOE = "Qwen/Qwen3-VL-30B-A3B-Instruct"
+
+
+@pytest.mark.parametrize(("cached", "trained"), [
+    # written by a conversion without the plugin: Bridge's defaults (LM and vision encoder true) stay in force
+    ({"freeze_language_model": True, "freeze_vision_model": True}, ["vision_projection"]),
+    # written with the plugin, the vision flag then set: removed from the config since, it stays in force
+    ({"freeze_language_model": False, "freeze_vision_model": True}, ["language_model", "vision_projection"]),
+    ({"freeze_language_model": False, "freeze_vision_model": False}, PARTS),
+])
+def test_check_config_predicts_with_the_conversion_cache_the_config_points_to(tmp_path, capsys, cached, trained):
+    """Issue 35 item 1: the flags a NeMo-RL config does not write keep the cache's values (setup_model_config loads
+    its run_config.yaml); check-config finds it as NeMo-RL does and says so, with a WARNING for a saved true."""
+    run_config = _cache(tmp_path, QWEN3_MOE, **cached)
+    doc = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={QWEN3_MOE}", "--family", "qwen3_vl_moe")
+    assert doc["valid"], doc["error"]
+    assert doc["trained_parts"] == trained
+    assert doc["saved_provider"].startswith(f"{run_config} (found via $NRL_MEGATRON_CHECKPOINT_DIR)")
+    source = doc["settings"][f"{MO}.freeze_language_model"]["source"]
+    assert f"reuses its conversion cache {run_config}" in source
+    assert ("WARNING: Bridge's own default" in source) == cached["freeze_language_model"]
+    # a flag the config writes wins over the cache (model_overrides / the five keys are applied after loading it)
+    written = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={QWEN3_MOE}", "--family",
+                         "qwen3_vl_moe", f"+{MO}.freeze_language_model=false", f"+{MCFG}.freeze_vision_model=false")
+    assert written["trained_parts"] == PARTS
+    reconvert = check_json(capsys, nemo_rl(GRPO_MEGATRON), f"policy.model_name={QWEN3_MOE}", "--family",
+                           "qwen3_vl_moe", f"{MCFG}.force_reconvert_from_hf=true")
+    assert reconvert["trained_parts"] == PARTS and "force_reconvert_from_hf=true" in reconvert["saved_provider"] + \
+        reconvert["settings"][f"{MCFG}.freeze_vision_model"]["source"]
+
+
+def test_the_cache_folder_is_found_as_nemo_rl_finds_it(monkeypatch, tmp_path):
+    """get_megatron_checkpoint_dir's order, and the __hfovr_ suffix of hf_config_overrides (sha256 of the sorted
+    compact JSON, 12 hex digits: _get_hf_config_overrides_hash)."""
+    import hashlib
+
+    from bridge_freeze_plugin.config._conversion_cache import find_cache
+
+    policy = {"model_name": QWEN3_MOE, "megatron_cfg": {}}
+    assert find_cache(policy, {"NRL_MEGATRON_CHECKPOINT_DIR": "/a", "HF_HOME": "/b"}).folder == Path("/a", QWEN3_MOE)
+    assert find_cache(policy, {"NRL_MEGATRON_CHECKPOINT_DIR": " ", "HF_HOME": "/b"}).folder == \
+        Path("/b/nemo_rl", QWEN3_MOE)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert find_cache(policy, {}).folder == tmp_path / ".cache/huggingface/nemo_rl" / QWEN3_MOE
+    overrides = {"text_config": {"num_hidden_layers": 2}, "a": 1}
+    digest = hashlib.sha256(b'{"a":1,"text_config":{"num_hidden_layers":2}}').hexdigest()[:12]
+    found = find_cache({**policy, "hf_config_overrides": overrides}, {"NRL_MEGATRON_CHECKPOINT_DIR": "/a"})
+    assert found.folder == Path("/a", f"{QWEN3_MOE}__hfovr_{digest}")
+    assert find_cache({**policy, "pretrained_checkpoint": {"format": "megatron_lm", "path": "/x"}}, {}) is None
 
 
 def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
@@ -582,3 +654,73 @@ def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
     doc = check_json(capsys, path)
     assert doc["valid"] and doc["layout"] == "nemo_rl_dpo", doc["error"]
     assert doc["trained_parts"] == ["vision_model", "vision_projection"]
+
+
+# ---- issue 37 item 1: where NeMo-RL applies each audio setting, and the model_overrides keys it refuses ----------
+
+@pytest.mark.parametrize(("override", "words"), [
+    # megatron_cfg: NeMo-RL copies only five keys to the provider (iter_vlm_config_overrides); the audio flags drop
+    (f"++{MCFG}.freeze_audio_model=true", f"Write {MO}.freeze_audio_model instead"),
+    (f"++{MCFG}.freeze_audio_projection=true", f"Write {MO}.freeze_audio_projection instead"),
+    # model_overrides: a key annotated on NeMo-RL's MegatronConfig is refused (_validate_model_override_conflicts)
+    (f"+{MO}.freeze_sound_encoder=true", f"Write {MCFG}.freeze_sound_encoder"),
+    (f"+{MO}.freeze_sound_projection=true", f"Write {MCFG}.freeze_sound_projection"),
+    (f"+{MO}.radio_force_cpe_eval_mode=true", f"Write {MCFG}.radio_force_cpe_eval_mode"),
+    (f"+{MO}.recompute_granularity=full", f"Write {MCFG}.recompute_granularity"),
+])
+def test_an_audio_setting_nemo_rl_drops_or_refuses_is_refused_with_where_to_write_it(override, words):
+    with pytest.raises(InvalidFreezeConfigError) as err:
+        load_run(nemo_rl(OMNI), [override]).validate()
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "key", "flag"), [
+    (f"+{MO}.freeze_audio_model=true", f"{MO}.freeze_audio_model", "freeze_audio_model"),
+    (f"+{MO}.freeze_audio_projection=true", f"{MO}.freeze_audio_projection", "freeze_audio_projection"),
+    (f"++{MCFG}.freeze_sound_encoder=true", f"{MCFG}.freeze_sound_encoder", "freeze_audio_model"),
+    (f"++{MCFG}.freeze_sound_projection=true", f"{MCFG}.freeze_sound_projection", "freeze_audio_projection"),
+])
+def test_an_audio_flag_where_nemo_rl_applies_it_is_read_and_said_where_written(capsys, override, key, flag):
+    """OMNI freezes the vision encoder and projection itself; the audio part asked is frozen too."""
+    doc = check_json(capsys, nemo_rl(OMNI), override)
+    assert doc["valid"], doc["error"]
+    assert doc["selection"][flag] is True
+    assert doc["settings"][key]["value"] is True and doc["settings"][key]["source"].startswith("override")
+    trained = ["language_model", "audio_model", "audio_projection"]
+    assert doc["trained_parts"] == [p for p in trained if f"freeze_{p}" != flag]
+
+
+AUDIO_FAMILIES = ("nemotron_omni", "qwen2_audio", "qwen25_omni", "qwen3_asr", "qwen3_omni")
+
+
+@pytest.mark.parametrize("alias", sorted(ALIAS_FIELDS))
+@pytest.mark.parametrize("family", AUDIO_FAMILIES)
+def test_bridges_name_of_an_audio_flag_is_refused_for_a_family_whose_provider_lacks_it(family, alias):
+    """Sibling of issue 37 item 1: NeMo-RL setattr's megatron_cfg.freeze_sound_* only after hasattr (a ValueError
+    otherwise), and Bridge's instantiate drops a run_config field its class lacks: the part would train. Which
+    provider declares the alias is read from Bridge's source with ast (declared_freeze_fields), not from the plugin."""
+    from bridge_freeze_plugin.families import REGISTRY
+
+    classes = {path.rsplit(":", 1)[1] for path in REGISTRY.get(family).providers}
+    declares = bool(classes & declared_freeze_fields()[alias])
+    cases = [(BRIDGE_FILE, f"+model.{alias}=true")]
+    if alias == "freeze_sound_encoder":  # (NeMo-RL's composition is slow to read: one alias there)
+        cases.append((nemo_rl(GRPO_MEGATRON), f"++{MCFG}.{alias}=true"))
+    for path, override in cases:
+        if declares:
+            selection = load_run(path, [override], family=family).validate()
+            assert selection == FreezeSelection(**{ALIAS_FIELDS[alias]: True})
+            continue
+        with pytest.raises(InvalidFreezeConfigError) as err:
+            load_run(path, [override], family=family).validate()
+        assert f"the {family} model's provider has no field {alias}" in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["true", "1"])
+def test_an_audio_flag_under_model_overrides_keeps_every_rule(value):
+    """Accepted under model_overrides, the audio flag is still a boolean, and still refused for a model without
+    an audio side (the GRPO example is Qwen2.5-VL)."""
+    with pytest.raises((bfp.PartNotInFamilyError, bfp.FreezeFlagTypeError)) as err:
+        load_run(nemo_rl(GRPO_MEGATRON), [f"+{MO}.freeze_audio_model={value}"]).validate()
+    words = "no audio encoder" if value == "true" else "must be a boolean"
+    assert f"{MO}.freeze_audio_model" in str(err.value) and words in str(err.value)

@@ -1,0 +1,166 @@
+"""NeMo-RL's conversion cache: the saved provider a NeMo-RL Megatron run builds from, found as NeMo-RL finds it.
+
+Read from NVIDIA-NeMo/RL (``nemo_rl/models/megatron/setup.py``: ``validate_model_paths``, ``setup_model_config``,
+``handle_model_import``; ``nemo_rl/models/policy/utils.py``: ``get_megatron_checkpoint_dir``;
+``nemo_rl/models/megatron/community_import.py``: ``import_model_from_hf_name``). A NeMo-RL Megatron policy from a
+Hugging Face model converts it once, with ``provide_distributed_model(wrap_with_ddp=False)`` and Bridge's save, into
+``<checkpoint dir>/<model>/iter_0000000/`` (its ``run_config.yaml`` holds every provider field, the ``freeze_*`` ones
+included), and reuses it while ``iter_0000000`` exists (unless ``force_reconvert_from_hf``). Every later run builds
+from that saved provider: a flag the config does not write keeps the value the cache holds, whatever the config said
+when the cache was written. With the plugin active, a fresh conversion saves ``false`` for every flag the config does
+not write (the plugin's default on every provider class) and the value written for the keys NeMo-RL copies at
+conversion (``policy.megatron_cfg.freeze_vision_model`` and the other four of ``iter_vlm_config_overrides``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bridge_freeze_plugin.request import ALIASES, FLAGS
+
+#: The iteration NeMo-RL's conversion writes, and the file Bridge saves the provider in.
+_ITERATION = "iter_0000000"
+_RUN_CONFIG = "run_config.yaml"
+
+
+@dataclass(frozen=True)
+class ConversionCache:
+    """Where a NeMo-RL config's saved provider is, and the flags it holds when it exists."""
+
+    #: the folder NeMo-RL converts into (or the ``megatron_bridge`` checkpoint the config names)
+    folder: Path
+    #: the ``run_config.yaml`` NeMo-RL builds from
+    run_config: Path
+    #: how the folder was chosen, in words (the environment variable or the config key)
+    chosen_by: str
+    #: ``None``: the config reconverts (``force_reconvert_from_hf``) or names a checkpoint without a saved provider
+    reused: bool = True
+    #: flag -> the value the saved provider holds (an alias merged as the build reads it); empty: no file
+    flags: Mapping[str, bool] = field(default_factory=dict)
+
+    @property
+    def exists(self) -> bool:
+        return bool(self.flags)
+
+
+def checkpoint_dir(env: Mapping[str, str]) -> tuple[Path, str]:
+    """NeMo-RL's ``get_megatron_checkpoint_dir``: the folder and which setting chose it."""
+    chosen = env.get("NRL_MEGATRON_CHECKPOINT_DIR")
+    if chosen is not None and chosen.strip():
+        return Path(chosen), "$NRL_MEGATRON_CHECKPOINT_DIR"
+    hf_home = env.get("HF_HOME")
+    if hf_home is not None and hf_home.strip():
+        return Path(hf_home) / "nemo_rl", "$HF_HOME/nemo_rl"
+    return Path(os.path.expanduser("~")) / ".cache" / "huggingface" / "nemo_rl", "~/.cache/huggingface/nemo_rl"
+
+
+def _overrides_hash(overrides: Mapping[str, Any]) -> str:
+    """NeMo-RL's ``_get_hf_config_overrides_hash``: sha256 of the sorted compact JSON, 12 hex digits."""
+    canonical = json.dumps(overrides, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def find_cache(policy: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ConversionCache | None:
+    """The saved provider a NeMo-RL Megatron policy (``policy``: the ``policy`` section) builds from.
+
+    ``None`` when the run builds its provider from the HF config itself (``pretrained_checkpoint.format:
+    megatron_lm``) or names no model.
+    """
+    env = os.environ if env is None else env
+    pretrained = policy.get("pretrained_checkpoint") or {}
+    fmt = pretrained.get("format") if isinstance(pretrained, Mapping) else None
+    if fmt == "megatron_lm":
+        return None
+    if fmt == "megatron_bridge":  # the path is the iteration folder holding run_config.yaml
+        folder = Path(str(pretrained.get("path")))
+        return _read(ConversionCache(folder, folder / _RUN_CONFIG, "policy.pretrained_checkpoint.path"))
+    name = policy.get("model_name")
+    if not isinstance(name, str) or not name:
+        return None
+    sub = f"model_{name.replace('/', '_')}" if os.path.exists(name) else name
+    overrides = policy.get("hf_config_overrides") or {}
+    if overrides:
+        sub = f"{sub}__hfovr_{_overrides_hash(overrides)}"
+    base, chosen_by = checkpoint_dir(env)
+    folder = base / sub
+    megatron_cfg = policy.get("megatron_cfg") or {}
+    reused = not bool(megatron_cfg.get("force_reconvert_from_hf", False))
+    cache = ConversionCache(folder, folder / _ITERATION / _RUN_CONFIG, chosen_by, reused=reused)
+    return _read(cache) if reused and (folder / _ITERATION).exists() else cache
+
+
+def _read(cache: ConversionCache) -> ConversionCache:
+    """``cache`` with the flags its ``run_config.yaml`` holds (read as the build reads a provider)."""
+    try:
+        doc = yaml.safe_load(cache.run_config.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return cache
+    model = doc.get("model") if isinstance(doc, Mapping) else None
+    if not isinstance(model, Mapping):
+        return cache
+    flags = {flag: model.get(flag) is True for flag in FLAGS}
+    for alias, flag in ALIASES.items():
+        flags[flag] = flags[flag] or model.get(alias) is True
+    return ConversionCache(cache.folder, cache.run_config, cache.chosen_by, cache.reused, flags)
+
+
+#: The keys of ``policy.megatron_cfg`` NeMo-RL copies to the provider at conversion too (so the cache saves them).
+CONVERTED_KEYS = ("freeze_vision_model", "freeze_vision_projection", "freeze_sound_encoder", "freeze_sound_projection")
+
+
+def _saved_by_conversion(megatron_cfg: Mapping[str, Any]) -> dict[str, bool]:
+    """flag -> what a fresh conversion with the plugin saves: the keys NeMo-RL copies then, else ``false``."""
+    saved = dict.fromkeys(FLAGS, False)
+    for key in CONVERTED_KEYS:
+        if megatron_cfg.get(key) is True:
+            saved[ALIASES.get(key, key)] = True
+    return saved
+
+
+def unwritten_flag_notes(cache: ConversionCache | None, unwritten: list[str], megatron_cfg: Mapping[str, Any],
+                         bridge_default: Mapping[str, bool],
+                         shown: list[str]) -> tuple[dict[str, bool], dict[str, str], str]:
+    """For a NeMo-RL run with the plugin: (flag -> value, flag -> where it comes from, one line on the saved
+    provider) for the flags the config does not write. ``bridge_default``: flags Bridge's provider class defaults
+    to true (the plugin replaces that default with false); ``shown``: the model's flags (said in the line)."""
+    fresh = _saved_by_conversion(megatron_cfg)
+    if cache is None:
+        notes = {f: "not written: NeMo-RL builds the provider from the HF config (pretrained_checkpoint.format: "
+                    "megatron_lm), with the plugin's default: false" for f in unwritten}
+        return dict.fromkeys(unwritten, False), notes, "none (the provider is built from the HF config)"
+    if cache.exists:
+        values = {f: cache.flags[f] for f in unwritten}
+        notes = {f: f"not written: NeMo-RL reuses its conversion cache {cache.run_config}, which holds {f}: "
+                    f"{str(values[f]).lower()}" + _differs(f, values[f], bridge_default) for f in unwritten}
+        return values, notes, (f"{cache.run_config} (found via {cache.chosen_by}): NeMo-RL builds from it; the flags "
+                               "this config does not write keep its values")
+    notes = {f: f"not written: a fresh conversion ({_why_fresh(cache)}) saves {str(fresh[f]).lower()} (the plugin's "
+                "default, or the key NeMo-RL copies at conversion), and a later run reuses it" for f in unwritten}
+    saved = ", ".join(f"{f}: {str(fresh[f]).lower()}" for f in shown)
+    return {f: fresh[f] for f in unwritten}, notes, (
+        f"none yet at {cache.folder} ({cache.chosen_by}): this run converts first and saves {saved} in "
+        f"{cache.run_config}; a later run reuses those values for every flag it does not write, until the folder is "
+        "deleted or policy.megatron_cfg.force_reconvert_from_hf=true")
+
+
+def _why_fresh(cache: ConversionCache) -> str:
+    return f"no cache at {cache.folder}" if cache.reused else "policy.megatron_cfg.force_reconvert_from_hf=true"
+
+
+def _differs(flag: str, value: bool, bridge_default: Mapping[str, bool]) -> str:
+    """What a saved value that a fresh conversion would not give means (a WARNING the check says)."""
+    if value is False:
+        return ""
+    if bridge_default.get(flag):
+        return (" (WARNING: Bridge's own default, saved by a conversion without the plugin; a fresh conversion with "
+                "it saves false: write the flag, or delete the cache)")
+    return (" (WARNING: saved by a conversion whose config set it, a flag since removed stays in force: write the "
+            "flag false, or delete the cache)")
