@@ -38,9 +38,10 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
   configurations, CPU patches, train specs);
 - training steps: :mod:`.batches` (synthetic batches, ``TrainSpec``), :mod:`.forward` (CPU forward / backward
   patches), :mod:`.train` (a few AdamW steps);
-- Bridge's real training loop: :mod:`.cpu_training` (``pretrain()`` / ``finetune()`` on a CPU), :mod:`._visual_inputs`
-  (Bridge's ``GenericVisualInputs`` with a model input it lacks, for vlm_step), :mod:`.run_records` (a recording
-  callback, checkpoints read back);
+- Bridge's real training loop: :mod:`.cpu_training` (``pretrain()`` / ``finetune()`` on a CPU), :mod:`._cpu_patches`
+  (its CUDA-to-CPU patches), :mod:`._bridge_steps` (Bridge's forward steps per family, their batch layouts, the
+  synthetic dataset), :mod:`._visual_inputs` (Bridge's ``GenericVisualInputs`` with a model input it lacks, for
+  vlm_step), :mod:`.run_records` (a recording callback, checkpoints read back);
 - the user's flow: :mod:`.hf_checkpoint` (tiny random HF checkpoints, the CPU provider Bridge converts them to),
   :mod:`._grouped_sharding` (the torch_dist keys of the CPU stand-in for TE's grouped-GEMM experts),
   :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``);

@@ -1,0 +1,187 @@
+"""Bridge's forward steps that train the tiny configurations in Bridge's loop, their batch layouts, and the
+synthetic dataset laid out for them (:data:`FORWARD_STEPS`; used by :mod:`bridge_freeze_harness.cpu_training`,
+which re-exports the public names). Who imports this package, and why: :mod:`bridge_freeze_harness`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from bridge_freeze_harness._visual_inputs import visual_inputs_with
+
+
+def _cat(samples: list[dict[str, Any]], key: str, dim: int = 0) -> torch.Tensor:
+    return torch.cat([s[key] for s in samples], dim=dim)
+
+
+#: image keys (Bridge's ``GenericVisualInputs``) and audio keys (its ``Qwen2AudioInputs``) of vlm_step's layout.
+_VLM_IMAGE_KEYS = ("pixel_values", "image_grid_thw", "image_sizes", "image_position_ids", "mm_token_type_ids")
+_VLM_AUDIO_KEYS = ("input_features", "feature_attention_mask")
+
+
+def _vlm_step_batch(samples: list[dict[str, Any]], extra_image_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What ``megatron/bridge/training/vlm_step.py`` reads: ``tokens``, ``labels``, ``loss_mask``,
+    ``attention_mask``, ``position_ids`` (the sample's, else ``None``: the model computes M-RoPE ids) and one
+    ``visual_inputs`` object: ``GenericVisualInputs`` for images, ``Qwen2AudioInputs`` for audio. vlm_step passes
+    that one object only, so samples with images AND audio are refused (no field of either class holds both).
+    ``extra_image_keys``: model inputs ``GenericVisualInputs`` has no field for; the object is then a subclass
+    with those fields (:func:`visual_inputs_with`), which vlm_step hands on like the others."""
+    from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs, Qwen2AudioInputs
+
+    first = samples[0]
+    audio_keys = tuple(k for k in _VLM_AUDIO_KEYS if k not in extra_image_keys)
+    if any(k in first for k in _VLM_IMAGE_KEYS) and any(k in first for k in audio_keys):
+        raise NotImplementedError(
+            "the synthetic batch has images and audio; Bridge's vlm_step passes one inputs object "
+            "(GenericVisualInputs, which has no audio field, or Qwen2AudioInputs, which has no image one)")
+    if any(k in first for k in audio_keys):
+        inputs: Any = Qwen2AudioInputs(**{k: _cat(samples, k) for k in audio_keys if k in first})
+    else:
+        image_class = visual_inputs_with(extra_image_keys) if extra_image_keys else GenericVisualInputs
+        image_keys = (*_VLM_IMAGE_KEYS, *extra_image_keys)
+        inputs = image_class(**{k: _cat(samples, k) for k in image_keys if k in first})
+    return {
+        "tokens": _cat(samples, "input_ids"),
+        "labels": _cat(samples, "labels"),
+        "loss_mask": _cat(samples, "loss_mask"),
+        "attention_mask": first["attention_mask"],  # [1, 1, s, s], shared by the batch
+        # [b, s] or M-RoPE's [3, b, s]: the batch is the next-to-last dimension in both
+        "position_ids": _cat(samples, "position_ids", dim=-2) if "position_ids" in first else None,
+        "visual_inputs": inputs,
+    }
+
+
+def _named_keys_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every sample key under its own name, concatenated along the batch (``input_ids``, not ``tokens``), as
+    Bridge's Qwen3-Omni collator (``models/qwen_omni/data/collate_fn.py``) hands a batch to its step: the media
+    tensors are top-level keys, no inputs object. A shared ``attention_mask`` ``[1, 1, s, s]`` is kept as is;
+    ``position_ids`` (``[b, s]`` or M-RoPE's ``[3, b, s]``) joins along its next-to-last dimension."""
+    first = samples[0]
+    batch: dict[str, Any] = {}
+    for key in first:
+        if key == "attention_mask":
+            batch[key] = first[key]
+        else:
+            batch[key] = _cat(samples, key, dim=-2 if key == "position_ids" else 0)
+    return batch
+
+
+@dataclass(frozen=True)
+class BridgeStep:
+    """One of Bridge's own forward steps, and the batch layout its ``get_batch`` reads.
+
+    :class:`SyntheticVLMDataset` lays its samples out with ``collate`` and refuses a sample key outside ``keys``
+    (a key the step would not carry to the model); :func:`run_training` hands ``function`` to Bridge's loop.
+    """
+
+    #: ``module:attribute`` of Bridge's forward step (imported when the run starts, through the harness's TE stub).
+    function: str
+    #: the synthetic-sample keys (:func:`bridge_freeze_harness.train.synthetic_batch`) the step carries to the model.
+    keys: frozenset[str]
+    #: samples of one micro-batch -> the batch the step's ``get_batch`` reads.
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    #: the most samples one micro-batch may hold (``None``: any), where more break the model (the reason beside
+    #: the table entry).
+    max_micro_batch: int | None = None
+
+    def load(self) -> Callable[..., Any]:
+        """The step function itself."""
+        module, _, name = self.function.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+#: ``megatron/bridge/training/vlm_step.py``: the media in one ``visual_inputs`` object (:func:`_vlm_step_batch`).
+VLM_STEP = BridgeStep(
+    "megatron.bridge.training.vlm_step:forward_step",
+    keys=frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids",
+                    *_VLM_IMAGE_KEYS, *_VLM_AUDIO_KEYS}),
+    collate=_vlm_step_batch,
+)
+
+
+def vlm_step_with(*extra_image_keys: str) -> BridgeStep:
+    """:data:`VLM_STEP` whose ``visual_inputs`` also carries ``extra_image_keys`` (:func:`visual_inputs_with`)."""
+    return replace(VLM_STEP, keys=VLM_STEP.keys | set(extra_image_keys),
+                   collate=functools.partial(_vlm_step_batch, extra_image_keys=tuple(extra_image_keys)))
+
+
+#: The media keys ``megatron/bridge/models/qwen_omni/qwen3_omni_step.py`` moves to the device and passes to the
+#: model under their own names (its ``_MULTIMODAL_KEYS``, less its ``visual_inputs`` object).
+QWEN_OMNI_MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                        "video_second_per_grid", "input_features", "feature_attention_mask", "audio_feature_lengths")
+
+#: Bridge's Qwen3-Omni thinker step: ``input_ids``, ``labels``, ``loss_mask`` and the media as top-level keys
+#: (:func:`_named_keys_batch`). It sets ``position_ids`` to ``None`` itself (the thinker computes its M-RoPE ids
+#: from the whole ``input_ids``) and passes ``attention_mask`` on when the dataset has one; the Omni samples have
+#: none (the thinker reads one as HF's ``[b, s]`` padding mask), so the language model takes its causal default.
+QWEN_OMNI_STEP = BridgeStep(
+    "megatron.bridge.models.qwen_omni.qwen3_omni_step:forward_step",
+    keys=frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids", *QWEN_OMNI_MEDIA_KEYS}),
+    collate=_named_keys_batch,
+)
+
+#: tiny configuration -> Bridge's forward step that trains it, where that is not :data:`VLM_STEP`.
+FORWARD_STEPS: dict[str, BridgeStep] = {
+    # Bridge 0.6.2 has no step (nor recipe) of its own for Qwen2.5-Omni; its Qwen3-Omni step fits the model:
+    # Qwen25OmniModel.forward takes the same keywords (input_ids, labels, loss_mask, the media keys above).
+    "qwen25_omni": QWEN_OMNI_STEP,
+    # One audio clip per micro-batch: with two or more, Bridge 0.6.2's Qwen3OmniThinkerModel.get_audio_features
+    # splits the encoder's output with the wrong per-clip lengths and raises "Audio features and audio tokens do
+    # not match" (tiny/qwen3_omni.py, train_batch). A micro-batch of one sample is what works.
+    "qwen3_omni": replace(QWEN_OMNI_STEP, max_micro_batch=1),
+    # Ernie45VLModel.forward routes each token to the text or the vision expert pool by moe_mm_token_type_ids;
+    # without it every token goes to the text pool (ernie_moe_layer.py:204-211) and the vision pool never trains.
+    "ernie45_vl": vlm_step_with("moe_mm_token_type_ids"),
+    # Gemma4VLModel.forward takes the audio as input_features next to the image; Bridge 0.6.2's own Gemma4 collate
+    # (gemma4_vl_collate_fn -> GenericVisualInputs) drops it, so audio_tower / embed_audio would get no gradient.
+    "gemma4_vl": vlm_step_with("input_features"),
+}
+
+
+def forward_step_of(family: str) -> BridgeStep:
+    """The :class:`BridgeStep` that trains tiny configuration ``family`` (:data:`FORWARD_STEPS`, else vlm_step's)."""
+    return FORWARD_STEPS.get(family, VLM_STEP)
+
+
+class SyntheticVLMDataset(torch.utils.data.Dataset):
+    """Sample ``i`` is the tiny configuration's synthetic batch of one with seed ``seed + i`` (deterministic).
+
+    :meth:`collate_fn` lays samples out as the family's Bridge step reads them (:func:`forward_step_of`):
+    vlm_step's ``tokens`` / ``visual_inputs`` layout, or the Omni step's top-level keys.
+    """
+
+    def __init__(self, family: str, provider: Any, samples: int, seed: int = 0) -> None:
+        from bridge_freeze_harness.train import train_spec
+
+        if train_spec(family).forward_keys is not None:
+            raise ValueError(f"tiny configuration {family!r} renames its batch keys for the model's forward; Bridge's "
+                             "steps pass them under their own names: train it with bridge_freeze_harness.train")
+        self.family, self.provider, self.samples, self.seed = family, provider, samples, seed
+        self.step = forward_step_of(family)
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        from bridge_freeze_harness.train import synthetic_batch
+
+        sample = synthetic_batch(self.family, self.provider, batch_size=1, seed=self.seed + int(index))
+        unknown = set(sample) - self.step.keys
+        if unknown:
+            raise NotImplementedError(
+                f"the synthetic batch of {self.family!r} has {sorted(unknown)}, which {self.step.function} does not "
+                "carry to the model; give the family another BridgeStep (cpu_training.FORWARD_STEPS)")
+        return sample
+
+    def collate_fn(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        limit = self.step.max_micro_batch
+        if limit is not None and len(samples) > limit:
+            raise ValueError(f"{self.family!r} trains with at most {limit} sample(s) per micro-batch here, got "
+                             f"{len(samples)} (cpu_training.FORWARD_STEPS says why)")
+        return self.step.collate(samples)
