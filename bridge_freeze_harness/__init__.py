@@ -43,7 +43,8 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
   synthetic dataset), :mod:`._visual_inputs` (Bridge's ``GenericVisualInputs`` with a model input it lacks, for
   vlm_step), :mod:`.run_records` (a recording callback, checkpoints read back);
 - the user's flow: :mod:`.hf_checkpoint` (tiny random HF checkpoints, the CPU provider Bridge converts them to),
-  :mod:`._grouped_sharding` (the torch_dist keys of the CPU stand-in for TE's grouped-GEMM experts),
+  :mod:`._hf_configs` (each family's tiny HF config and CPU provider fields), :mod:`._grouped_experts` (the CPU
+  stand-in for TE's grouped-GEMM experts), :mod:`._grouped_sharding` (its torch_dist keys),
   :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``);
 - no Megatron at all: :mod:`.stand_ins` (plain PyTorch modules with a real model's parameter names);
 - on a GPU (``device="cuda"`` of :func:`~bridge_freeze_harness.context.device_build_context`,
