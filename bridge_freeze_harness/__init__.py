@@ -45,7 +45,8 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
 - the user's flow: :mod:`.hf_checkpoint` (tiny random HF checkpoints, the CPU provider Bridge converts them to),
   :mod:`._hf_configs` (each family's tiny HF config and CPU provider fields), :mod:`._grouped_experts` (the CPU
   stand-in for TE's grouped-GEMM experts), :mod:`._grouped_sharding` (its torch_dist keys),
-  :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``);
+  :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``), :mod:`._hf_compare` (its exported
+  tensors against the input checkpoint's);
 - no Megatron at all: :mod:`.stand_ins` (plain PyTorch modules with a real model's parameter names);
 - on a GPU (``device="cuda"`` of :func:`~bridge_freeze_harness.context.device_build_context`,
   :func:`~bridge_freeze_harness.tiny.build_context`, :func:`~bridge_freeze_harness.tiny.make_provider`,

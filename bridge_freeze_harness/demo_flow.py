@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from bridge_freeze_harness.run_records import Recorder, bare_name, iteration_dir
+from bridge_freeze_harness._hf_compare import HFTensor, compare, hf_sources, read_safetensors
+from bridge_freeze_harness.run_records import Recorder, iteration_dir
 
 logger = logging.getLogger(__name__)
 
@@ -69,23 +68,6 @@ def demo_families() -> list[str]:
 
 def fold_seed(seed: int) -> int:
     return seed % 2**SEED_BITS
-
-
-@dataclass(frozen=True)
-class HFTensor:
-    """One tensor of the exported HF checkpoint."""
-
-    name: str
-    #: the plugin's part of its Megatron source (``None``: under no part prefix; ``"none"``: no Megatron source)
-    part: str | None
-    #: the Megatron parameters (or buffers) it is made of: its conversion task's, and merged LoRA adapters
-    sources: tuple[str, ...]
-    #: at least one source is in an optimizer group
-    trainable: bool
-    #: at least one source is in an optimizer group at a learning rate above 0
-    expected: bool
-    #: the exported tensor differs from the input checkpoint's (bit for bit)
-    changed: bool
 
 
 @dataclass
@@ -131,101 +113,6 @@ def _env_default(name: str, value: str) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
-def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every ``*.safetensors`` file in ``directory``."""
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(Path(directory).glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
-    return tensors
-
-
-def _task_hf_names(task: Any) -> set[str]:
-    """The HF tensor names one conversion task's (resolved) mapping writes."""
-    mapping = task.mapping
-    hf_param = getattr(mapping, "hf_param", None)
-    if isinstance(hf_param, str):
-        names = {hf_param}
-    elif isinstance(hf_param, Mapping):  # several HF tensors (e.g. q / k / v, gate / up)
-        names = set(hf_param.values())
-    else:
-        names = set()
-    if getattr(mapping, "is_grouped_export", False) and getattr(mapping, "group_key", None):
-        names.add(str(mapping.group_key))  # a fused tensor assembled from several tasks (e.g. all experts)
-    return {str(n) for n in names}
-
-
-def hf_sources(bridge: Any, model: Any) -> dict[str, set[str]]:
-    """HF tensor name -> the Megatron parameter / buffer names it is made of (Bridge's conversion tasks).
-
-    A LoRA-wrapped base weight (``...<module>.to_wrap.weight``, not its bias) also has the module's adapters
-    (``...<module>.adapter.*``) as sources: Bridge's export merges them into it.
-    """
-    from megatron.bridge.models.conversion.utils import unwrap_model
-
-    chunks = unwrap_model(model if isinstance(model, list) else [model])
-    names = [bare_name(n) for chunk in chunks for n, _ in chunk.named_parameters()]
-    sources: dict[str, set[str]] = {}
-    for task in bridge.get_conversion_tasks(chunks):
-        if task is None:
-            continue
-        param = bare_name(task.global_param_name)
-        feeds = {param}
-        if _bias_moves_with_router(task):  # its router's weight trains: the bias is updated with it
-            feeds.add(param.rpartition(".")[0] + ".weight")
-        if param.endswith(".to_wrap.weight"):  # LoRA's B @ A is added to the weight, never to the bias
-            module = param.removesuffix(".to_wrap.weight")
-            feeds |= {n for n in names if n.startswith(f"{module}.adapter.")}
-        for hf_name in _task_hf_names(task):
-            sources.setdefault(hf_name, set()).update(feeds)
-    return sources
-
-
-def _bias_moves_with_router(task: Any) -> bool:
-    """A MoE router's ``expert_bias`` buffer that megatron-core's ``finalize_model_grads`` updates without a
-    gradient (``moe_router_enable_expert_bias`` with a ``moe_router_bias_update_rate`` above 0, not
-    ``frozen_expert_bias``): it changes when its router trains (GLM-4.5V's rate is 0: its bias never moves)."""
-    module = getattr(task, "megatron_module", None)
-    if module is None or getattr(module, "expert_bias", None) is not task.param_weight:
-        return False
-    config = module.config
-    return (bool(getattr(config, "moe_router_enable_expert_bias", False))
-            and float(getattr(config, "moe_router_bias_update_rate", 0.0) or 0.0) > 0.0
-            and not getattr(module, "frozen_expert_bias", False))
-
-
-def _part_of(family: Any, sources: set[str]) -> str | None:
-    if not sources:
-        return "none"
-    bases = sorted(s for s in sources if ".adapter." not in s) or sorted(sources)
-    part = family.classify(bases[0]) if family is not None else None
-    return None if part is None else part.value
-
-
-def compare(
-    original: Mapping[str, torch.Tensor],
-    exported: Mapping[str, torch.Tensor],
-    sources: Mapping[str, set[str]],
-    lr_of: Mapping[str, float],
-    family: Any,
-) -> list[HFTensor]:
-    """One :class:`HFTensor` per exported tensor (``lr_of``: Megatron name -> peak LR, for trainable ones)."""
-    missing = sorted(set(original) ^ set(exported))
-    if missing:
-        raise AssertionError(f"the export and the input checkpoint differ in names: {missing[:5]}")
-    rows = []
-    for name in sorted(exported):
-        feeds = sources.get(name, set())
-        before, after = original[name], exported[name]
-        changed = before.dtype != after.dtype or before.shape != after.shape or not torch.equal(before, after)
-        rows.append(HFTensor(
-            name=name, part=_part_of(family, feeds), sources=tuple(sorted(feeds)),
-            trainable=any(s in lr_of for s in feeds), expected=any(lr_of.get(s, 0.0) > 0.0 for s in feeds),
-            changed=changed))
-    return rows
-
-
 def run_demo_flow(
     family: str,
     workdir: Path,
@@ -252,35 +139,82 @@ def run_demo_flow(
     Call from a script's ``if __name__ == "__main__":`` block (the first checkpoint save starts a spawn-context
     process).
     """
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
+    laps = _Laps()
+    auto_bridge = _bridge_up()
+    from bridge_freeze_harness.hf_checkpoint import cpu_provider, hf_build_patches, write_tiny_hf_checkpoint
+    from bridge_freeze_plugin import last_report, make_freezable
 
-    def lap(name: str) -> None:
-        nonlocal clock
+    laps("import")
+    workdir = Path(workdir)
+    seed = fold_seed(seed)
+    hf_dir = write_tiny_hf_checkpoint(family, workdir / "hf", seed=seed)
+    laps("checkpoint")
+
+    bridge = auto_bridge.from_hf_pretrained(str(hf_dir))
+    provider = make_freezable(cpu_provider(bridge, family, load_weights=True, **dict(provider_fields or {})),
+                              selection)
+    cfg = _demo_config(provider, workdir, family, steps, hf_dir, seed, make_peft=make_peft, part_lrs=part_lrs,
+                       lr=lr, distributed_optimizer=distributed_optimizer)
+    callback = _finetune(cfg, family, on_step)
+    laps("train")
+
+    export_dir = workdir / "export"
+    with hf_build_patches(family):
+        bridge.save_hf_pretrained(callback.model, str(export_dir), show_progress=False)
+    laps("export")
+
+    lr_of, learning_rates = _learning_rates(callback.groups)
+    tensors = compare(read_safetensors(hf_dir), read_safetensors(export_dir), hf_sources(bridge, callback.model),
+                      lr_of, provider.freeze_family())
+    laps("compare")
+    return DemoResult(
+        workdir=workdir, hf_dir=hf_dir, checkpoint_dir=iteration_dir(cfg.checkpoint.save, steps),
+        export_dir=export_dir, losses=list(callback.losses), tensors=tensors, report=last_report(provider),
+        learning_rates=learning_rates, seconds=laps.seconds,
+    )
+
+
+class _Laps:
+    """Seconds from the previous call (or the start) to each call, by the name given: the run's phases."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._clock = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        seconds[name] = now - clock
-        clock = now
+        self.seconds[name] = now - self._clock
+        self._clock = now
 
+
+def _bridge_up() -> Any:
+    """Bridge imported (through the harness's TE stub) on the CPU runtime: its ``AutoBridge``."""
     from bridge_freeze_harness.cpu_runtime import import_bridge, init_cpu_distributed
 
     import_bridge()
     init_cpu_distributed()
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_harness.cpu_training import run_training, training_config
-    from bridge_freeze_harness.hf_checkpoint import cpu_provider, hf_build_patches, write_tiny_hf_checkpoint
-    from bridge_freeze_plugin import last_report, make_freezable
+    return AutoBridge
+
+
+def _demo_config(
+    provider: Any,
+    workdir: Path,
+    family: str,
+    steps: int,
+    hf_dir: Path,
+    seed: int,
+    *,
+    make_peft: Callable[[], Any] | None,
+    part_lrs: Mapping[str, float] | None,
+    lr: float,
+    distributed_optimizer: bool,
+) -> Any:
+    """The ``ConfigContainer`` of :func:`run_demo_flow`'s ``finetune()`` from ``hf_dir`` (its arguments)."""
+    from bridge_freeze_harness.cpu_training import training_config
     from bridge_freeze_plugin.optim import PartLROverrideProvider
 
-    lap("import")
-    workdir = Path(workdir)
-    seed = fold_seed(seed)
-    hf_dir = write_tiny_hf_checkpoint(family, workdir / "hf", seed=seed)
-    lap("checkpoint")
-
-    bridge = AutoBridge.from_hf_pretrained(str(hf_dir))
-    provider = make_freezable(cpu_provider(bridge, family, load_weights=True, **dict(provider_fields or {})),
-                              selection)
     overrides = PartLROverrideProvider(**{f"lr_{part}": value for part, value in part_lrs.items()}) if part_lrs \
         else None
     peft = make_peft() if make_peft is not None else None
@@ -288,29 +222,28 @@ def run_demo_flow(
                           optimizer_config_override_provider=overrides, seed=seed + 1,
                           distributed_optimizer=distributed_optimizer)  # Megatron wants > 0
     cfg.dataset.seed = seed
+    return cfg
+
+
+def _finetune(cfg: Any, family: str, on_step: Callable[[int, float], None] | None) -> _DemoCallback:
+    """Bridge's ``finetune()`` of ``cfg`` (its ``pretrained_checkpoint`` is set); the callback that recorded it."""
+    from bridge_freeze_harness.cpu_training import run_training
+    from bridge_freeze_harness.hf_checkpoint import hf_build_patches
+
     callback = _DemoCallback(on_step=on_step)
     # Bridge's deterministic mode (the Qwen3.5 CPU configs: the GDN's PyTorch conv path) asserts that NCCL_ALGO
     # names an all-reduce algorithm (training/config.py:1058); gloo does not read it.
     with hf_build_patches(family), _env_default("NCCL_ALGO", "Ring"):
         run_training(cfg, family=family, callbacks=[callback])  # finetune(): pretrained_checkpoint is set
-    lap("train")
     if callback.model is None:
         raise RuntimeError(f"Bridge's finetune() of {family!r} ended without on_train_end: no trained model")
+    return callback
 
-    export_dir = workdir / "export"
-    with hf_build_patches(family):
-        bridge.save_hf_pretrained(callback.model, str(export_dir), show_progress=False)
-    lap("export")
 
-    lr_of = {name: group.max_lr for group in callback.groups for name in group.names}
+def _learning_rates(groups: Any) -> tuple[dict[str, float], dict[float, int]]:
+    """Megatron name -> the peak learning rate of its optimizer group; peak learning rate -> how many names."""
+    lr_of = {name: group.max_lr for group in groups for name in group.names}
     learning_rates: dict[float, int] = {}
-    for group in callback.groups:
+    for group in groups:
         learning_rates[group.max_lr] = learning_rates.get(group.max_lr, 0) + len(group.names)
-    tensors = compare(read_safetensors(hf_dir), read_safetensors(export_dir), hf_sources(bridge, callback.model),
-                      lr_of, provider.freeze_family())
-    lap("compare")
-    return DemoResult(
-        workdir=workdir, hf_dir=hf_dir, checkpoint_dir=iteration_dir(cfg.checkpoint.save, steps),
-        export_dir=export_dir, losses=list(callback.losses), tensors=tensors, report=last_report(provider),
-        learning_rates=learning_rates, seconds=seconds,
-    )
+    return lr_of, learning_rates

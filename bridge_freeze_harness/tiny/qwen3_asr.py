@@ -157,6 +157,33 @@ def hf_model_patches() -> Iterator[None]:
     """
     from megatron.bridge.models.qwen3_asr.hf_qwen3_asr import configuration_qwen3_asr as configs
     from megatron.bridge.models.qwen3_asr.hf_qwen3_asr import modeling_qwen3_asr as modeling
+
+    thinker = modeling.Qwen3ASRThinkerForConditionalGeneration
+    tied = thinker._tied_weights_keys
+    mask = modeling.create_causal_mask
+    base = modeling.Qwen3ASRPreTrainedModel
+    own_init = vars(base).get("_init_weights")  # None: it inherits transformers' own
+    with _rope_and_missing_attributes(modeling, configs):
+        if isinstance(tied, list):
+            thinker._tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+        if "input_embeds" not in inspect.signature(mask).parameters:
+            modeling.create_causal_mask = _transformers5_causal_mask(mask)
+        base._init_weights = _init_weights_with_positions(base._init_weights, modeling.SinusoidsPositionEmbedding)
+        try:
+            yield
+        finally:
+            if own_init is None:
+                del base._init_weights
+            else:
+                base._init_weights = own_init
+            modeling.create_causal_mask = mask
+            thinker._tied_weights_keys = tied
+
+
+@contextlib.contextmanager
+def _rope_and_missing_attributes(modeling: Any, configs: Any) -> Iterator[None]:
+    """:func:`hf_model_patches`' ``"default"`` rope initialiser and the class attributes the vendored classes lack
+    (the rotary class's ``compute_default_rope_parameters``, the configs' ``pad_token_id``); undone on exit."""
     from transformers import modeling_rope_utils
 
     functions = modeling_rope_utils.ROPE_INIT_FUNCTIONS
@@ -168,29 +195,13 @@ def hf_model_patches() -> Iterator[None]:
         (configs.Qwen3ASRThinkerConfig, "pad_token_id", None),
         (configs.Qwen3ASRTextConfig, "pad_token_id", None),
     ) if not hasattr(cls, name)]
-    thinker = modeling.Qwen3ASRThinkerForConditionalGeneration
-    tied = thinker._tied_weights_keys
-    mask = modeling.create_causal_mask
-    base = modeling.Qwen3ASRPreTrainedModel
-    own_init = vars(base).get("_init_weights")  # None: it inherits transformers' own
     if add_rope:
         functions["default"] = default_rope_parameters
     for cls, name, value in missing:
         setattr(cls, name, value)
-    if isinstance(tied, list):
-        thinker._tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    if "input_embeds" not in inspect.signature(mask).parameters:
-        modeling.create_causal_mask = _transformers5_causal_mask(mask)
-    base._init_weights = _init_weights_with_positions(base._init_weights, modeling.SinusoidsPositionEmbedding)
     try:
         yield
     finally:
-        if own_init is None:
-            del base._init_weights
-        else:
-            base._init_weights = own_init
-        modeling.create_causal_mask = mask
-        thinker._tied_weights_keys = tied
         for cls, name, _ in reversed(missing):
             delattr(cls, name)
         if add_rope and functions.get("default") is default_rope_parameters:
