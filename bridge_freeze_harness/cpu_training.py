@@ -57,6 +57,7 @@ from bridge_freeze_harness._cpu_patches import (
     _bridge_patches,
     _logging_levels_kept,
     _optimizer_patches,
+    _fresh_loss_scales,
     _restore_model_parallel_state,
     _torch_patches,
 )
@@ -102,6 +103,7 @@ def cpu_training(name: str = "qwen3_vl") -> Iterator[None]:
     with build_context(name), forward_patches(name):
         import megatron.bridge.training.pretrain  # noqa: F401 - through the stub, before any patch reads it
 
+        _fresh_loss_scales()
         try:
             with _logging_levels_kept(), patched([*_bridge_patches(), *_torch_patches(), *_optimizer_patches()]):
                 yield

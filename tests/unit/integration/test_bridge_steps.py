@@ -115,3 +115,22 @@ def test_vlm_step_hands_the_model_every_media_key_of_the_sample(family):
     assert set(passed) == media
     for key in media:
         assert torch.equal(passed[key], torch.cat([s[key] for s in samples])), key
+
+
+def test_each_training_starts_from_a_fresh_processs_aux_loss_scale(cpu_bridge):
+    """megatron-core keeps the first MoE aux-loss scale a process sets and copies later ones into it: a ``[]`` scale
+    left by one training made every later MoE finetune fail ("output with shape [] doesn't match the broadcast
+    shape [1]") in a test worker that had trained before. The harness starts each training from ``None``."""
+    import torch
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    from bridge_freeze_harness.cpu_training import cpu_training
+
+    MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(1.0)
+    try:
+        with cpu_training("qwen3_vl"):
+            assert MoEAuxLossAutoScaler.main_loss_backward_scale is None
+            MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1))  # what Bridge's step sets, shape [1]
+            assert MoEAuxLossAutoScaler.main_loss_backward_scale.shape == (1,)
+    finally:
+        MoEAuxLossAutoScaler.main_loss_backward_scale = None
