@@ -30,6 +30,19 @@ def cpu_bridge():
     return bridge
 
 
+
+@pytest.fixture(autouse=True)
+def _no_saved_configs_from_earlier_tests():
+    """Each test is its own run: the saved provider configs an earlier test in this worker read (a checkpoint's
+    ``run_config.yaml``) must not be attributed to this test's providers (``prewrap._saved`` attributes by
+    provider class, process-wide, as a real job reads its own saved config)."""
+    import sys
+
+    saved = sys.modules.get("bridge_freeze_plugin.prewrap._saved")
+    if saved is not None:
+        saved.forget_saved()
+    yield
+
 # ---- Markers applied automatically (``make test-fast`` deselects both) ------------------------------
 # ``bridge``: the test builds or imports real Bridge models (it uses the ``cpu_bridge`` fixture, directly or
 # through another fixture). ``spawns``: the test starts processes (subprocess / Popen / a gloo worker),
