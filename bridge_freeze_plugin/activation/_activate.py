@@ -34,6 +34,7 @@ from typing import Any
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.activation import freezable as generated
 from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
+from bridge_freeze_plugin.activation._version import warn_untested_bridge
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
@@ -79,8 +80,10 @@ def activate() -> None:
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
+        warn_untested_bridge()
         _guard_uncovered_providers(sys.modules[_BRIDGE])
     else:
+        POST_IMPORT.watch(_BRIDGE, warn_untested_bridge)
         POST_IMPORT.watch(_BRIDGE, _guard_uncovered_providers)
 
 
