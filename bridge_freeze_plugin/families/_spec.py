@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError
@@ -118,6 +118,24 @@ def _check_prefix(family: str, part: Part, prefix: str) -> None:
 
 
 @dataclass(frozen=True)
+class ProviderLayout:
+    """Another layout of a family's parts, for one provider class and its subclasses.
+
+    A family whose provider classes build different module trees (Nemotron Omni on Bridge 0.7.0: top-level
+    parts on ``NemotronOmniModelProvider``, ``llava_model.*`` on the legacy ``NemotronOmniLlavaModelProvider``)
+    gives each its table here; a provider of no listed class uses the family's own table. ``parts`` maps every
+    part the layout has to its prefixes (the family's ``other`` is kept). ``when_field``: the layout applies
+    only to a provider class that has this dataclass field (the Bridge version that builds that tree declares
+    it, an older one with the same class name does not).
+    """
+
+    provider: str
+    parts: Any
+    when_field: str = ""
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """One model family: the provider classes it covers and the module prefixes of each of its parts.
 
@@ -153,6 +171,10 @@ class FamilySpec:
     full_recompute_affects: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
+    #: Other tables for some provider classes (:class:`ProviderLayout`); :meth:`for_class` picks one.
+    layouts: tuple[ProviderLayout, ...] = ()
+    #: one spec per layout, in order (made and checked when the family is made)
+    _variants: tuple[FamilySpec, ...] = field(default=(), init=False, repr=False, compare=False)
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: part -> prefixes, every part of the vocabulary (empty: the family does not have it).
     _prefixes: dict[Part, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -196,6 +218,34 @@ class FamilySpec:
         if len(index) <= _MAX_LINEAR_PREFIXES:
             ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
             object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
+        self._make_variants()
+
+    def _make_variants(self) -> None:
+        """One spec per :class:`ProviderLayout`: this family with the layout's table, checked as any family."""
+        layouts = tuple(self.layouts)
+        if not all(isinstance(layout, ProviderLayout) for layout in layouts):
+            raise FamilyRegistrationError(
+                f"family {self.name!r}: layouts must hold ProviderLayout(provider=..., parts={{...}}), got {layouts!r}")
+        object.__setattr__(self, "layouts", layouts)
+        variants = []
+        for layout in layouts:
+            _check_providers(self.name, (layout.provider,))
+            described = f"{self.description} [{layout.provider.rpartition(':')[2]}: {layout.description}]"
+            variants.append(replace(self, language_model=(), vision_model=(), vision_projection=(),
+                                    parts=layout.parts, layouts=(), description=described))
+        object.__setattr__(self, "_variants", tuple(variants))
+
+    def for_class(self, cls: type) -> FamilySpec:
+        """The table a provider of class ``cls`` builds: the layout of its nearest listed class, else this one."""
+        if not self.layouts:
+            return self
+        declared = getattr(cls, "__dataclass_fields__", {})
+        for klass in cls.__mro__:
+            path = class_path(klass)
+            for layout, variant in zip(self.layouts, self._variants, strict=True):
+                if layout.provider == path and (not layout.when_field or layout.when_field in declared):
+                    return variant
+        return self
 
     def _merge_parts(self) -> None:
         """``parts=`` and the keywords as one table (a part given both ways is refused)."""
@@ -291,4 +341,7 @@ class FamilySpec:
             "no_full_recompute": list(self.no_full_recompute),
             "full_recompute_affects": list(self.full_recompute_affects),
             "source": self.source,
+            **({"layouts": {layout.provider: {part.value: list(variant.prefixes(part)) for part in variant.part_names()}
+                            for layout, variant in zip(self.layouts, self._variants, strict=True)}}
+               if self.layouts else {}),
         }
