@@ -217,6 +217,8 @@ def _guard_uncovered_providers(_module: ModuleType) -> None:
         for klass in [base, *_all_subclasses(base)]:
             if class_path(klass) in registered and not any(is_plugin_class(k) for k in klass.__mro__):
                 patch_provider_class(klass)  # every live class of a family (also one made by a reload)
+            elif _overrides_family_build(klass):
+                patch_provider_class(klass)
             else:
                 _guard_class(klass)
         if "__init_subclass__" not in STATE.guarded.get(base, {}):
@@ -235,10 +237,20 @@ def _guarding_init_subclass(cls: type, **kwargs: Any) -> None:
         super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
     if not STATE.active:
         return
-    if class_path(cls) in _registered_paths():
+    if class_path(cls) in _registered_paths() or _overrides_family_build(cls):
         _patch_defined_class(cls)  # a family's provider class made anew (importlib.reload, exec, ...)
     else:
         _guard_class(cls)
+
+
+def _overrides_family_build(cls: type) -> bool:
+    """A subclass of a family's provider with a ``provide()`` / ``provide_distributed_model()`` of its own (Bridge
+    0.7.0's ``Qwen35TokenClassificationModelProvider`` swaps the output layer after its base's build): its build
+    is the outermost, so it is wrapped too and the selection applies to the model it returns."""
+    if REGISTRY.for_provider_class(cls) is None or any(is_plugin_class(k) for k in cls.__mro__):
+        return False
+    own = [cls.__dict__.get(name) for name, _ in _METHODS]
+    return any(callable(m) and not hasattr(m, "__bridge_freeze_wrapped__") for m in own)
 
 
 def _registered_paths() -> set[str]:
