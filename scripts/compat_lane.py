@@ -70,6 +70,13 @@ def materialise(source: str, inner: str, dest: Path) -> None:
     shutil.copytree(found, dest)
 
 
+def version_of(package_info: Path) -> str:
+    """``MAJOR.MINOR.PATCH[PRE_RELEASE]`` read from a ``package_info.py`` (importing it would import the package)."""
+    text = package_info.read_text(encoding="utf-8") if package_info.exists() else ""
+    found = {k: v for k, v in re.findall(r"^(MAJOR|MINOR|PATCH|PRE_RELEASE) = ['\"]?([^'\"\n]*)", text, re.M)}
+    return ".".join(found.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH")) + found.get("PRE_RELEASE", "")
+
+
 def lane_env(side: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(side)])  # the plugin first, then the shadowing sources
@@ -108,10 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         inner, target = PACKAGES[key]
         materialise(source, inner, options.side / target)
     env = lane_env(options.side)
-    probe = ("import megatron.bridge.package_info as b, megatron.core.package_info as c; "
-             "print(b.__version__, b.__file__, c.__version__, c.__file__)")
-    version = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    out(f"Bridge / megatron-core in the lane: {version.stdout.strip() or version.stderr.strip()[-300:]}")
+    versions = {key: version_of(options.side / target / "package_info.py") for key, (_, target) in PACKAGES.items()}
+    out(f"in the lane ({options.side}): Megatron-Bridge {versions['bridge']} ({options.bridge}), "
+        f"megatron-core {versions['mcore']} ({options.mcore})")
     out("| run | result | seconds |\n|---|---|---|")
     failed = False
     runs = [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test] for test in options.tests]
