@@ -55,9 +55,9 @@ from bridge_freeze_harness._bridge_steps import (
 from bridge_freeze_harness._cpu_patches import (
     CpuStream,
     _bridge_patches,
+    _fresh_loss_scales,
     _logging_levels_kept,
     _optimizer_patches,
-    _fresh_loss_scales,
     _restore_model_parallel_state,
     _torch_patches,
 )

@@ -34,6 +34,7 @@ from typing import Any
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.activation import freezable as generated
 from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
+from bridge_freeze_plugin.activation._version import warn_untested_bridge
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
@@ -83,8 +84,10 @@ def activate() -> None:
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
+        warn_untested_bridge()
         _guard_uncovered_providers(sys.modules[_BRIDGE])
     else:
+        POST_IMPORT.watch(_BRIDGE, warn_untested_bridge)
         POST_IMPORT.watch(_BRIDGE, _guard_uncovered_providers)
 
 
@@ -219,6 +222,8 @@ def _guard_uncovered_providers(_module: ModuleType) -> None:
         for klass in [base, *_all_subclasses(base)]:
             if class_path(klass) in registered and not any(is_plugin_class(k) for k in klass.__mro__):
                 patch_provider_class(klass)  # every live class of a family (also one made by a reload)
+            elif _overrides_family_build(klass):
+                patch_provider_class(klass)
             else:
                 _guard_class(klass)
         if "__init_subclass__" not in STATE.guarded.get(base, {}):
@@ -237,10 +242,20 @@ def _guarding_init_subclass(cls: type, **kwargs: Any) -> None:
         super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
     if not STATE.active:
         return
-    if class_path(cls) in _registered_paths():
+    if class_path(cls) in _registered_paths() or _overrides_family_build(cls):
         _patch_defined_class(cls)  # a family's provider class made anew (importlib.reload, exec, ...)
     else:
         _guard_class(cls)
+
+
+def _overrides_family_build(cls: type) -> bool:
+    """A subclass of a family's provider with a ``provide()`` / ``provide_distributed_model()`` of its own (Bridge
+    0.7.0's ``Qwen35TokenClassificationModelProvider`` swaps the output layer after its base's build): its build
+    is the outermost, so it is wrapped too and the selection applies to the model it returns."""
+    if REGISTRY.for_provider_class(cls) is None or any(is_plugin_class(k) for k in cls.__mro__):
+        return False
+    own = [cls.__dict__.get(name) for name, _ in _METHODS]
+    return any(callable(m) and not hasattr(m, "__bridge_freeze_wrapped__") for m in own)
 
 
 def _registered_paths() -> set[str]:

@@ -2,6 +2,8 @@
 
 - :mod:`._sync`: the RL weight sync of only what trains (:func:`export_trainable_hf_weights`, Bridge's HF export
   limited to the HF tensors that can have changed);
+- :mod:`._signature`: calls into Bridge that pass only the keywords the installed Bridge takes
+  (:func:`call_accepted`, :func:`accepts`);
 - :mod:`._adapters`: Bridge's adapter-only exports refused for a LoRA run with full-rank parts (:data:`GUARDS`,
   installed by activation), which would silently drop the full-rank weights;
 - :mod:`._receivers`: what a trainer's weight-sync receiver needs to take only what trains
@@ -20,12 +22,16 @@ from bridge_freeze_plugin.export._receivers import (
     trainable_hf_weights_info,
     trainable_param_filter,
 )
+from bridge_freeze_plugin.export._signature import accepts, bridge_version, call_accepted
 from bridge_freeze_plugin.export._sync import export_trainable_hf_weights, trainable_conversion_tasks
 
 __all__ = [
     "AUTO_BRIDGE",
     "GUARDS",
     "FullThenTrainableSource",
+    "accepts",
+    "bridge_version",
+    "call_accepted",
     "export_trainable_hf_weights",
     "full_rank_parts_of_checkpoint",
     "full_rank_parts_of_model",

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import TrainableSyncError
 from bridge_freeze_plugin.export._coverage import untasked_message, untasked_trainable
+from bridge_freeze_plugin.export._signature import accepts, bridge_version, call_accepted
 from bridge_freeze_plugin.prewrap import stats_move
 from bridge_freeze_plugin.ranks import collective_device
 
@@ -131,7 +132,15 @@ def trainable_conversion_tasks(
     chunks = unwrap_model(model if isinstance(model, list) else [model])
     model_bridge = bridge._model_bridge  # a fresh MegatronModelBridge, as export_hf_weights uses
     if conversion_tasks is None:
-        tasks = list(model_bridge.build_conversion_tasks(bridge.hf_pretrained, chunks, weight_dtype=weight_dtype))
+        if weight_dtype is not None and not accepts(model_bridge.build_conversion_tasks, "weight_dtype"):
+            raise TrainableSyncError(
+                f"a trainable-only export of {_describe(bridge)} with weight_dtype={weight_dtype}: this "
+                f"Megatron-Bridge ({bridge_version()[0]}) cannot cast its export (its build_conversion_tasks takes no "
+                "weight_dtype); leave weight_dtype out (each tensor is sent in the dtype the model holds it in) "
+                "and cast what you receive, or use a Bridge of 0.6.2 or newer"
+            )
+        tasks = list(call_accepted(model_bridge.build_conversion_tasks, bridge.hf_pretrained, chunks,
+                                   weight_dtype=weight_dtype))
     else:
         tasks = list(conversion_tasks)
     adapter_tasks = model_bridge.build_adapter_conversion_tasks(chunks) if merge_adapter_weights else {}

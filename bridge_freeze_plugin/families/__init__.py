@@ -3,8 +3,8 @@
 Each public module here holds data only: ``FAMILIES``, a list of :class:`FamilySpec` (``unsupported`` holds the
 Bridge providers no family covers, and why). Importing this package registers every module's ``FAMILIES`` in
 :data:`REGISTRY`, once: adding a family is adding a module. The machinery is private, as timm keeps its
-``_registry``: :mod:`._spec` (:class:`FamilySpec`, a family's table, checked when made) and :mod:`._registry`
-(:class:`FamilyRegistry`, lookup by name or provider class, entry-point families).
+``_registry``: :mod:`._spec` (:class:`FamilySpec`, a family's table, checked when made by :mod:`._spec_checks`)
+and :mod:`._registry` (:class:`FamilyRegistry`, lookup by name or provider class, entry-point families).
 
 Prefixes name modules as a pre-wrap hook sees them on a bare model chunk (no ``module.``).
 Each table covers its whole model: a parameter the table does not cover makes a freeze fail
@@ -21,6 +21,7 @@ from bridge_freeze_plugin.families._registry import (
     REGISTRY,
     FamilyRegistry,
     FamilySpec,
+    ProviderLayout,
     canonical_name,
     class_path,
     family_for_provider,
@@ -59,6 +60,7 @@ __all__ = [
     "UNSUPPORTED_PROVIDERS",
     "FamilyRegistry",
     "FamilySpec",
+    "ProviderLayout",
     "canonical_name",
     "class_path",
     "family_for_provider",

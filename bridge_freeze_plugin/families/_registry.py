@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
-from bridge_freeze_plugin.families._spec import FamilySpec, canonical_name, class_path
+from bridge_freeze_plugin.families._spec import FamilySpec, ProviderLayout, canonical_name, class_path
 from bridge_freeze_plugin.ranks import is_rank0
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "REGISTRY",
     "FamilyRegistry",
     "FamilySpec",
+    "ProviderLayout",
     "canonical_name",
     "class_path",
     "family_for_provider",
@@ -144,7 +145,7 @@ class FamilyRegistry:
         for klass in cls.__mro__:
             spec = self._by_provider.get(class_path(klass))
             if spec is not None:
-                return spec
+                return spec.for_class(cls)  # the table this class builds (a family may have several)
         return None
 
     def for_provider(self, provider: Any) -> FamilySpec | None:

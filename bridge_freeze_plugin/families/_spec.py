@@ -7,16 +7,24 @@ part with the longest matching prefix. :mod:`bridge_freeze_plugin.families._regi
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError
+from bridge_freeze_plugin.families._spec_checks import (
+    _FAMILY_NAME,
+    _KEYWORD_PARTS,
+    SEQUENCE_FIELDS,
+    WRAPPER_PREFIX,
+    _check_prefix,
+    _check_providers,
+    _check_scalars,
+    _string_tuple,
+    class_path,
+)
 from bridge_freeze_plugin.request import REQUIRED_PARTS, SELECTABLE_PARTS, Part, label
 
-#: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
-_WRAPPER_PREFIX = "module."
 #: Up to this many prefixes, :meth:`FamilySpec.classify` tests them in turn (faster than walking
 #: the name up through a dict, one ``rfind`` + slice per module level); above it, it walks.
 _MAX_LINEAR_PREFIXES = 16
@@ -24,97 +32,29 @@ _MAX_LINEAR_PREFIXES = 16
 
 def canonical_name(name: str) -> str:
     """A parameter name as a pre-wrap hook sees it: strips the ``module.`` added by wrappers."""
-    while name.startswith(_WRAPPER_PREFIX):
-        name = name[len(_WRAPPER_PREFIX) :]
+    while name.startswith(WRAPPER_PREFIX):
+        name = name[len(WRAPPER_PREFIX) :]
     return name
 
 
-def class_path(cls: type) -> str:
-    """``"module:QualName"`` of a class, the form provider paths are registered in."""
-    return f"{cls.__module__}:{cls.__qualname__}"
+@dataclass(frozen=True)
+class ProviderLayout:
+    """Another layout of a family's parts, for one provider class and its subclasses.
 
-
-#: A family name: what ``plan``, ``check-config --family`` and ``get_family()`` take.
-_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-#: One segment of a module path as ``named_parameters()`` spells it: an attribute name, or a list index.
-_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
-
-
-#: The fields that hold a sequence of strings (a provider may also be given as a class).
-SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
-                   "no_full_recompute", "full_recompute_affects", "plain_linear")
-#: The parts with a keyword of their own (the vision-language parts); any part may be given in ``parts=``.
-_KEYWORD_PARTS = ("language_model", "vision_model", "vision_projection")
-#: The fields that hold one string.
-TEXT_FIELDS = ("description", "recompute_note", "source")
-
-
-def _string_tuple(family: Any, attr: str, value: Any) -> tuple[str, ...]:
-    """``value`` as a tuple of strings (a provider class object is written as its import path).
-
-    A ``str`` (or ``bytes``) is refused rather than split into single letters, a mapping rather than read for its
-    keys, and so is an empty string in the list.
+    A family whose provider classes build different module trees (Nemotron Omni on Bridge 0.7.0: top-level
+    parts on ``NemotronOmniModelProvider``, ``llava_model.*`` on the legacy ``NemotronOmniLlavaModelProvider``)
+    gives each its table here; a provider of no listed class uses the family's own table. ``parts`` maps every
+    part the layout has to its prefixes (the family's ``other`` is kept). ``when_field``: the layout applies
+    only to a provider class that has this dataclass field (the Bridge version that builds that tree declares
+    it, an older one with the same class name does not). ``plain_linear``: the family's ``plain_linear`` as this
+    layout names those modules (a layout of its own tree does not inherit the family's module names).
     """
-    example = "['package.module:ClassName']" if attr == "providers" else "['language_model']"
-    if isinstance(value, str | bytes | bytearray | memoryview):
-        kind = "string" if isinstance(value, str) else type(value).__name__
-        raise FamilyRegistrationError(
-            f"family {family!r}: {attr} must be a list of strings, e.g. {example}, not the {kind} {value!r} (which "
-            f"would be read one letter at a time); write {attr}=[{value!r}] (a one-element tuple needs a trailing "
-            f"comma: ({value!r},))"
-        )
-    if isinstance(value, Mapping) or not isinstance(value, Iterable):
-        raise FamilyRegistrationError(
-            f"family {family!r}: {attr} must be a list of strings, e.g. {example}, not {type(value).__name__} "
-            f"{value!r}"
-        )
-    items = []
-    for item in value:
-        if attr == "providers" and isinstance(item, type):
-            item = class_path(item)
-        if not isinstance(item, str) or not item:
-            what = "'package.module:ClassName' strings or classes" if attr == "providers" else "non-empty strings"
-            raise FamilyRegistrationError(
-                f"family {family!r}: {attr} must hold {what}, got {type(item).__name__} {item!r} in {value!r}"
-            )
-        items.append(item)
-    return tuple(items)
 
-
-def _check_scalars(spec: Any) -> None:
-    for attr in TEXT_FIELDS:
-        value = getattr(spec, attr)
-        if not isinstance(value, str):
-            raise FamilyRegistrationError(
-                f"family {spec.name!r}: {attr} must be a string, not {type(value).__name__} {value!r}"
-            )
-
-
-def _check_providers(family: str, providers: tuple[str, ...]) -> None:
-    if not providers:
-        raise FamilyRegistrationError(f"family {family!r} names no provider class")
-    for path in providers:
-        module, sep, qualname = path.partition(":")
-        dotted = [*module.split("."), *(s for s in qualname.split(".") if s != "<locals>")]
-        if not sep or not module or not qualname or not all(s.isidentifier() for s in dotted):
-            raise FamilyRegistrationError(
-                f"family {family!r}: provider {path!r} must be written 'package.module:ClassName'"
-            )
-
-
-def _check_prefix(family: str, part: Part, prefix: str) -> None:
-    """A prefix names a module as a bare chunk's ``named_parameters()`` does, or it could never match."""
-    segments = prefix.split(".")
-    if all(_SEGMENT.fullmatch(s) for s in segments) and segments[0] != _WRAPPER_PREFIX.rstrip("."):
-        return
-    if segments[0] == _WRAPPER_PREFIX.rstrip("."):
-        why = "names a wrapper's 'module.' level, which a bare chunk does not have: drop the 'module.'"
-    else:
-        why = ("is not a dotted module path (attribute names and list indices only: no spaces, wildcards or "
-               "regular expressions; a prefix covers every parameter below it)")
-    raise FamilyRegistrationError(
-        f"family {family!r}: bad prefix {prefix!r} for {part.value}: it can never match a parameter, since it {why}"
-    )
+    provider: str
+    parts: Any
+    when_field: str = ""
+    description: str = ""
+    plain_linear: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +100,10 @@ class FamilySpec:
     aliases: tuple[str, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
+    #: Other tables for some provider classes (:class:`ProviderLayout`); :meth:`for_class` picks one.
+    layouts: tuple[ProviderLayout, ...] = ()
+    #: one spec per layout, in order (made and checked when the family is made)
+    _variants: tuple[FamilySpec, ...] = field(default=(), init=False, repr=False, compare=False)
     _index: dict[str, Part] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: part -> prefixes, every part of the vocabulary (empty: the family does not have it).
     _prefixes: dict[Part, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -204,6 +148,35 @@ class FamilySpec:
         if len(index) <= _MAX_LINEAR_PREFIXES:
             ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
             object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
+        self._make_variants()
+
+    def _make_variants(self) -> None:
+        """One spec per :class:`ProviderLayout`: this family with the layout's table, checked as any family."""
+        layouts = tuple(self.layouts)
+        if not all(isinstance(layout, ProviderLayout) for layout in layouts):
+            raise FamilyRegistrationError(
+                f"family {self.name!r}: layouts must hold ProviderLayout(provider=..., parts={{...}}), got {layouts!r}")
+        object.__setattr__(self, "layouts", layouts)
+        variants = []
+        for layout in layouts:
+            _check_providers(self.name, (layout.provider,))
+            described = f"{self.description} [{layout.provider.rpartition(':')[2]}: {layout.description}]"
+            variants.append(replace(self, language_model=(), vision_model=(), vision_projection=(),
+                                    parts=layout.parts, layouts=(), description=described,
+                                    plain_linear=tuple(layout.plain_linear)))
+        object.__setattr__(self, "_variants", tuple(variants))
+
+    def for_class(self, cls: type) -> FamilySpec:
+        """The table a provider of class ``cls`` builds: the layout of its nearest listed class, else this one."""
+        if not self.layouts:
+            return self
+        declared = getattr(cls, "__dataclass_fields__", {})
+        for klass in cls.__mro__:
+            path = class_path(klass)
+            for layout, variant in zip(self.layouts, self._variants, strict=True):
+                if layout.provider == path and (not layout.when_field or layout.when_field in declared):
+                    return variant
+        return self
 
     def _check_plain_linear(self) -> None:
         for prefix in self.plain_linear:
@@ -265,7 +238,7 @@ class FamilySpec:
 
     def classify(self, name: str) -> Part | None:
         """The part of one parameter (``None``: under no prefix at all)."""
-        if name.startswith(_WRAPPER_PREFIX):
+        if name.startswith(WRAPPER_PREFIX):
             name = canonical_name(name)
         if self._ordered:
             # Few prefixes (every built-in family): test them longest first; the first that is the
@@ -309,4 +282,7 @@ class FamilySpec:
             "full_recompute_affects": list(self.full_recompute_affects),
             "plain_linear": list(self.plain_linear),
             "source": self.source,
+            **({"layouts": {layout.provider: {part.value: list(variant.prefixes(part)) for part in variant.part_names()}
+                            for layout, variant in zip(self.layouts, self._variants, strict=True)}}
+               if self.layouts else {}),
         }

@@ -1,12 +1,16 @@
-"""Nemotron-VL (Nano V2 VL) and Nemotron Omni: a LLaVA model under ``llava_model``."""
+"""Nemotron-VL (Nano V2 VL) and Nemotron Omni: a LLaVA model under ``llava_model``; on Bridge 0.7.0 Nemotron Omni's
+provider builds its parts at the top level instead (a layout of its own)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._registry import FamilySpec, ProviderLayout
 
 _LLAVA = {
     "language_model": ("llava_model.language_model",),
     "vision_model": ("llava_model.vision_model",),
     "vision_projection": ("llava_model.vision_projection",),
 }
+_OMNI_LLAVA = {**_LLAVA, "audio_model": ("llava_model.sound_model",),
+               "audio_projection": ("llava_model.sound_projection",)}
+_OMNI_PROVIDERS = "megatron.bridge.models.nemotron_omni.nemotron_omni_provider"
 
 FAMILIES = [
     FamilySpec(
@@ -26,10 +30,28 @@ FAMILIES = [
             "projection `llava_model.sound_projection`; Bridge's freeze_sound_encoder / freeze_sound_projection "
             "are read as freeze_audio_model / freeze_audio_projection)"
         ),
-        providers=("megatron.bridge.models.nemotron_omni.nemotron_omni_provider:NemotronOmniModelProvider",),
-        hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3",),
+        providers=(f"{_OMNI_PROVIDERS}:NemotronOmniModelProvider",),
+        # Nano (Bridge 0.6.x and 0.7.0) and Super (0.7.0)
+        hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3"),
         parts={"audio_model": ("llava_model.sound_model",), "audio_projection": ("llava_model.sound_projection",)},
         aliases=("freeze_sound_encoder", "freeze_sound_projection"),
+        layouts=(
+            # Bridge 0.7.0: this class builds NemotronOmniModel, its parts at the top level; the class declares
+            # nemotron_omni_contract there (0.6.x's class of the same name builds the LLaVA model and does not)
+            ProviderLayout(
+                provider=f"{_OMNI_PROVIDERS}:NemotronOmniModelProvider",
+                when_field="nemotron_omni_contract",
+                parts={"language_model": ("language_model",), "vision_model": ("vision_model",),
+                       "vision_projection": ("vision_projection",), "audio_model": ("sound_model",),
+                       "audio_projection": ("sound_projection",)},
+                description="Bridge 0.7.0's NemotronOmniModel, parts at the top level",
+                plain_linear=("sound_model",),
+            ),
+            # Bridge 0.7.0's deprecated legacy provider (a subclass of the one above): the LLaVA model still
+            ProviderLayout(provider=f"{_OMNI_PROVIDERS}:NemotronOmniLlavaModelProvider", parts=_OMNI_LLAVA,
+                           description="the legacy LLaVA model, `llava_model.*`",
+                           plain_linear=("llava_model.sound_model",)),
+        ),
         **_LLAVA,
     ),
 ]

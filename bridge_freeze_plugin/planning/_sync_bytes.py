@@ -219,13 +219,13 @@ def _measure(bridge: Any, chunks: list[Any], weight_dtype: Any,
              merge_adapter_weights: bool) -> tuple[tuple[int, int], tuple[int, int], dict[str, int]]:
     """Steps 2 to 4 of the module docstring: ``(trainable bytes, tensors)``, ``(the others' bytes, tensors)``
     and the parameters no task exports (:func:`.sync_tasks.left_out`)."""
-    from bridge_freeze_plugin.export import trainable_conversion_tasks
+    from bridge_freeze_plugin.export import call_accepted, trainable_conversion_tasks
 
     model_bridge = bridge._model_bridge
     with pg_collection_once():
         add_mapped_names(bridge, model_bridge, chunks)
-        tasks = [t for t in model_bridge.build_conversion_tasks(bridge.hf_pretrained, chunks,
-                                                                weight_dtype=weight_dtype) if t is not None]
+        tasks = [t for t in call_accepted(model_bridge.build_conversion_tasks, bridge.hf_pretrained, chunks,
+                                          weight_dtype=weight_dtype) if t is not None]
         tasks += sequential_expert_tasks(model_bridge, chunks, tasks, weight_dtype)
         # Without LoRA adapters (Bridge knows them by ".adapter." in the name), merging changes nothing;
         # saying so spares Bridge three walks of the model.

@@ -59,6 +59,8 @@ def sequential_expert_tasks(model_bridge: Any, chunks: list[Any], tasks: list[An
         return []
     from megatron.bridge.models.conversion.model_bridge import WeightConversionTask
 
+    from bridge_freeze_plugin.export import call_accepted
+
     covered = {task.param_name for task in tasks}
     registry = None
     added = []
@@ -75,9 +77,9 @@ def sequential_expert_tasks(model_bridge: Any, chunks: list[Any], tasks: list[An
         if mapping is None:
             continue
         module = chunks[0].get_submodule(f"{found['experts']}.local_experts.{found['n']}.{found['linear']}")
-        added.append(WeightConversionTask(param_name=grouped, global_param_name=grouped, mapping=mapping, pp_rank=0,
-                                          vp_stage=0, megatron_module=module, param_weight=param,
-                                          weight_dtype=weight_dtype))
+        added.append(call_accepted(WeightConversionTask, param_name=grouped, global_param_name=grouped,
+                                   mapping=mapping, pp_rank=0, vp_stage=0, megatron_module=module,
+                                   param_weight=param, weight_dtype=weight_dtype))
     if added:
         logger.debug("weight sync: %d routed-expert tensors sized under their grouped-GEMM names", len(added))
     return added
@@ -139,16 +141,20 @@ def export_size(bridge: Any, chunks: list[Any], tasks: list[Any], listing: dict[
     remaining = [task for task in tasks if id(task) not in skipped]
     if sized:
         logger.debug("weight sync: %d fused expert tensors sized from their %d tasks", sized, len(skipped))
-    exported_bytes, exported = _size(bridge.export_hf_weights(chunks, conversion_tasks=remaining, **options))
+    exported_bytes, exported = _size(bridge.export_hf_weights(chunks, conversion_tasks=remaining, **options),
+                                     weight_dtype)
     return exported_bytes + elements * weight_dtype.itemsize, exported + sized
 
 
-def _size(stream: Iterable[tuple[str, Any]]) -> tuple[int, int]:
-    """Bytes and number of the tensors a (meta) export stream yields; checks each HF name comes once."""
+def _size(stream: Iterable[tuple[str, Any]], weight_dtype: Any) -> tuple[int, int]:
+    """Bytes and number of the tensors a (meta) export stream yields; checks each HF name comes once.
+    A floating-point tensor counts in the sync dtype, as Bridge's cast sends it (a Bridge whose tasks take no
+    ``weight_dtype`` yields the meta build's dtype: the figure is the same on every Bridge)."""
     total, names = 0, set()
     for name, tensor in stream:
         if name in names:
             raise PlanError(f"Megatron-Bridge's export yields HF tensor {name} twice; cannot size the weight sync")
         names.add(name)
-        total += tensor.numel() * tensor.element_size()
+        size = weight_dtype.itemsize if tensor.is_floating_point() else tensor.element_size()
+        total += tensor.numel() * size
     return total, len(names)

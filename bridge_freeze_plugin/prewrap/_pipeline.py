@@ -29,6 +29,7 @@ from bridge_freeze_plugin.prewrap._hooks import HookChain, user_hooks
 from bridge_freeze_plugin.prewrap._model_wide import store_report
 from bridge_freeze_plugin.prewrap._report import log_report
 from bridge_freeze_plugin.prewrap._state import provider_state
+from bridge_freeze_plugin.prewrap._subclass_build import added_after_base, parameter_ids, refuse_frozen_additions
 from bridge_freeze_plugin.ranks import is_rank0
 
 
@@ -37,6 +38,8 @@ class _Call:
     context: BuildContext
     distributed: bool  # inside provide_distributed_model: errors must reach every rank
     providing: bool  # inside Bridge's provide()
+    #: the parameters (ids) a base class's provide() returned inside this one (a subclass's build around it)
+    base_built: list[Any] = dataclasses.field(default_factory=list, compare=False)
 
 
 _LOCAL = threading.local()
@@ -123,16 +126,21 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     """
     outer = _calls().get(id(provider))
     if outer is not None and outer.providing:
-        return build(*args, **kwargs)
+        model = build(*args, **kwargs)
+        outer.base_built.append(parameter_ids(model))  # the family's own build, inside a subclass's provide()
+        return model
     context = preflight(provider, untrained_kind(provider)) if outer is None else outer.context
     distributed = outer is not None  # then an error here must stop every rank
-    with _entered(provider, _Call(context, distributed, providing=True)), flags_hidden(provider):
+    call = _Call(context, distributed, providing=True)
+    with _entered(provider, call), flags_hidden(provider):
         with errors_agreed(distributed):
             model = build(*args, **kwargs)
     if context.family is None or not _is_module(model, provider, context):
         return model
     with errors_agreed(distributed):
+        added = added_after_base(model, call.base_built)
         report, _ = freeze_chunks(model, context)
+        refuse_frozen_additions(provider, model, added, context)
         if context.vision_recompute_off:
             recompute_fix.turn_off(model, context.family)
     if not distributed:  # (provide_distributed_model stores and logs the model-wide report)

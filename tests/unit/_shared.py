@@ -6,6 +6,8 @@ Expected sets in tests are computed from parameter names with these, never with 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import multiprocessing
 import re
 import sys
@@ -150,3 +152,32 @@ def join_or_kill(procs: list[multiprocessing.Process], timeout_s: float) -> list
         procs[i].kill()
         procs[i].join()
     return hung
+
+
+# --- SkyRL's Bridge pin (91a15142): its build_conversion_tasks has no weight_dtype --------------------------
+@functools.cache
+def _older(model_bridge_class: type) -> type:
+    """``model_bridge_class`` with SkyRL's pin's ``build_conversion_tasks`` signature (no ``weight_dtype``)."""
+
+    def build_conversion_tasks(self: Any, hf_pretrained: Any, megatron_model: list[Any]) -> list[Any]:
+        return model_bridge_class.build_conversion_tasks(self, hf_pretrained, megatron_model)
+
+    return type(f"Older{model_bridge_class.__name__}", (model_bridge_class,),
+                {"build_conversion_tasks": build_conversion_tasks})
+
+
+def as_skyrl_pin(bridge: Any) -> Any:
+    """A copy of the real ``bridge`` whose ``_model_bridge`` (a fresh one per access, as Bridge's) has the older
+    signature."""
+    real = type(bridge)
+
+    class OlderAutoBridge(real):  # type: ignore[misc, valid-type]
+        @property
+        def _model_bridge(self) -> Any:
+            model_bridge = real._model_bridge.fget(self)
+            model_bridge.__class__ = _older(type(model_bridge))
+            return model_bridge
+
+    older = copy.copy(bridge)
+    older.__class__ = OlderAutoBridge
+    return older

@@ -31,9 +31,15 @@ def _bridge_provider_classes_with_a_flag():
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
         fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        if cls.__module__.startswith("megatron.bridge.") and fields & set(bfp.FLAGS):
+        # A private base (Bridge 0.7.0's _NemotronOmniModelProviderBase declares freeze_sound_*) is nobody's
+        # provider: its public subclasses, which inherit its flags, are checked instead.
+        if cls.__module__.startswith("megatron.bridge.") and fields & set(bfp.FLAGS) and not _private(cls):
             found.append(cls)
     return found
+
+
+def _private(cls: type) -> bool:
+    return cls.__name__.startswith("_")
 
 
 def test_every_bridge_provider_with_a_flag_is_covered_or_refused_by_name(cpu_bridge):

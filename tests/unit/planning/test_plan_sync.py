@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _shared import as_skyrl_pin  # the stand-in for SkyRL's Bridge pin (its signature)
 from test_trainable_sync import (  # the shared builds: checkpoint fixture, load + build + train + export
     PROJECTION_ONLY,
     QWEN3_LM_ATTENTION,
@@ -193,3 +194,18 @@ def test_the_plan_command_prints_the_sync_line_and_json_key(checkpoints, capsys)
     assert line.startswith(f"one RL weight sync (float32): full {full / 1e6:.1f} MB ({full / 2**20:.1f} MiB) in "
                            f"{sync['tensors']:,} HF tensors (export_hf_weights), trainable {trainable / 1e3:.1f} kB "
                            f"({trainable / 2**10:.1f} KiB) in {sync['trainable_tensors']:,} ")
+
+
+def test_plan_sync_is_the_same_on_a_build_conversion_tasks_without_weight_dtype(checkpoints, exported,  # noqa: F811
+                                                                                 monkeypatch):
+    """SkyRL's Bridge pin (91a15142) has no ``weight_dtype`` on ``build_conversion_tasks``: the plan's sizing
+    passes only what the signature takes and sizes the dtype itself, so its figures are those of Bridge 0.6.2."""
+    from bridge_freeze_plugin.planning import _sync_bytes
+
+    run = exported("qwen3_vl", "projection_only")
+    real = plan(checkpoints("qwen3_vl"), PROJECTION_ONLY, dtype="bf16").sync.as_dict()
+    made = _sync_bytes.bridge_for_plan
+    monkeypatch.setattr(_sync_bytes, "bridge_for_plan", lambda hf_config: as_skyrl_pin(made(hf_config)))
+    assert plan(checkpoints("qwen3_vl"), PROJECTION_ONLY, dtype="bf16").sync.as_dict() == real
+    check_against_export(plan(checkpoints("qwen3_vl"), PROJECTION_ONLY), run,
+                         CAN_CHANGE["qwen3_vl"]["projection_only"], "float32")

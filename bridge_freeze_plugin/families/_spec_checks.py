@@ -1,0 +1,102 @@
+"""The checks a :class:`~bridge_freeze_plugin.families._spec.FamilySpec` makes of its fields when it is made:
+string lists, text fields, provider paths and prefixes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from bridge_freeze_plugin.errors import FamilyRegistrationError
+from bridge_freeze_plugin.request import Part
+
+#: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
+WRAPPER_PREFIX = "module."
+
+
+def class_path(cls: type) -> str:
+    """``"module:QualName"`` of a class, the form provider paths are registered in."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+#: A family name: what ``plan``, ``check-config --family`` and ``get_family()`` take.
+_FAMILY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: One segment of a module path as ``named_parameters()`` spells it: an attribute name, or a list index.
+_SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
+#: The fields that hold a sequence of strings (a provider may also be given as a class).
+SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
+                   "no_full_recompute", "full_recompute_affects", "plain_linear")
+#: The parts with a keyword of their own (the vision-language parts); any part may be given in ``parts=``.
+_KEYWORD_PARTS = ("language_model", "vision_model", "vision_projection")
+#: The fields that hold one string.
+TEXT_FIELDS = ("description", "recompute_note", "source")
+
+
+def _string_tuple(family: Any, attr: str, value: Any) -> tuple[str, ...]:
+    """``value`` as a tuple of strings (a provider class object is written as its import path).
+
+    A ``str`` (or ``bytes``) is refused rather than split into single letters, a mapping rather than read for its
+    keys, and so is an empty string in the list.
+    """
+    example = "['package.module:ClassName']" if attr == "providers" else "['language_model']"
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        kind = "string" if isinstance(value, str) else type(value).__name__
+        raise FamilyRegistrationError(
+            f"family {family!r}: {attr} must be a list of strings, e.g. {example}, not the {kind} {value!r} (which "
+            f"would be read one letter at a time); write {attr}=[{value!r}] (a one-element tuple needs a trailing "
+            f"comma: ({value!r},))"
+        )
+    if isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise FamilyRegistrationError(
+            f"family {family!r}: {attr} must be a list of strings, e.g. {example}, not {type(value).__name__} "
+            f"{value!r}"
+        )
+    items = []
+    for item in value:
+        if attr == "providers" and isinstance(item, type):
+            item = class_path(item)
+        if not isinstance(item, str) or not item:
+            what = "'package.module:ClassName' strings or classes" if attr == "providers" else "non-empty strings"
+            raise FamilyRegistrationError(
+                f"family {family!r}: {attr} must hold {what}, got {type(item).__name__} {item!r} in {value!r}"
+            )
+        items.append(item)
+    return tuple(items)
+
+
+def _check_scalars(spec: Any) -> None:
+    for attr in TEXT_FIELDS:
+        value = getattr(spec, attr)
+        if not isinstance(value, str):
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: {attr} must be a string, not {type(value).__name__} {value!r}"
+            )
+
+
+def _check_providers(family: str, providers: tuple[str, ...]) -> None:
+    if not providers:
+        raise FamilyRegistrationError(f"family {family!r} names no provider class")
+    for path in providers:
+        module, sep, qualname = path.partition(":")
+        dotted = [*module.split("."), *(s for s in qualname.split(".") if s != "<locals>")]
+        if not sep or not module or not qualname or not all(s.isidentifier() for s in dotted):
+            raise FamilyRegistrationError(
+                f"family {family!r}: provider {path!r} must be written 'package.module:ClassName'"
+            )
+
+
+def _check_prefix(family: str, part: Part, prefix: str) -> None:
+    """A prefix names a module as a bare chunk's ``named_parameters()`` does, or it could never match."""
+    segments = prefix.split(".")
+    if all(_SEGMENT.fullmatch(s) for s in segments) and segments[0] != WRAPPER_PREFIX.rstrip("."):
+        return
+    if segments[0] == WRAPPER_PREFIX.rstrip("."):
+        why = "names a wrapper's 'module.' level, which a bare chunk does not have: drop the 'module.'"
+    else:
+        why = ("is not a dotted module path (attribute names and list indices only: no spaces, wildcards or "
+               "regular expressions; a prefix covers every parameter below it)")
+    raise FamilyRegistrationError(
+        f"family {family!r}: bad prefix {prefix!r} for {part.value}: it can never match a parameter, since it {why}"
+    )

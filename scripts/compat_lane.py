@@ -1,0 +1,137 @@
+"""The compatibility lane: the plugin's Bridge-facing tests, ``demo`` and ``plan`` against other Bridge commits.
+
+CI runs the pinned releases (Megatron-Bridge 0.6.2, megatron-core 0.19.2). The plugin's users pin other commits
+(NeMo-RL: Bridge 8c46dc42 / megatron-core 14346b65; SkyRL: Bridge 91a15142 / megatron-core 64c3fb86). This script
+takes a Bridge source tree and a megatron-core source tree, copies their ``megatron/bridge`` and ``megatron/core``
+into a side folder that shadows the venv's (on ``PYTHONPATH`` before site-packages; ``megatron`` is a namespace
+package), and runs each Bridge-facing test file, ``bridge-freeze demo`` and ``bridge-freeze plan --tiny`` there,
+one process each, printing one table row per run. Nothing is installed into the venv.
+
+A source is a directory (a checkout: ``src/megatron/bridge`` or ``megatron/core`` inside it is found), or
+``GITDIR@COMMIT``: the commit's tree taken with ``git archive`` from a git directory (a bare mirror will do)::
+
+    python scripts/compat_lane.py --bridge /mirrors/Megatron-Bridge.git@8c46dc42 \\
+        --mcore /mirrors/Megatron-LM.git@14346b65 --side /tmp/lane-nemo-rl
+
+docs/development.md lists the commits tested and how to add one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The test files that build, train or export through Bridge (run one process each, in this order).
+TESTS = (
+    "tests/unit/activation/test_activation.py",
+    "tests/unit/integration/test_build_paths.py",
+    "tests/unit/integration/test_subclass_provide.py",
+    "tests/unit/integration/test_bridge_training.py",
+    "tests/unit/integration/test_distributed.py",
+    "tests/unit/families/test_uncovered_providers.py",
+    "tests/unit/families/test_family_gradients.py",
+    "tests/unit/families/test_family_layouts.py",
+    "tests/unit/export/test_trainable_sync.py",
+    "tests/unit/export/test_bridge_signatures.py",
+)
+#: The commands run after the tests (``bridge-freeze`` sub-commands).
+COMMANDS = (("demo", "--steps", "2"), ("plan", "qwen3_vl", "--tiny", "--freeze-vision-model"))
+#: Where each package lives inside its source tree, and where it goes in the side folder.
+PACKAGES = {"bridge": ("src/megatron/bridge", "megatron/bridge"), "mcore": ("megatron/core", "megatron/core")}
+_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+
+
+def materialise(source: str, inner: str, dest: Path) -> None:
+    """Copy ``inner`` of ``source`` (a directory, or ``GITDIR@COMMIT``) to ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    gitdir, sep, commit = source.rpartition("@")
+    if sep and Path(gitdir).exists():
+        archive = subprocess.run(["git", "-C", gitdir, "archive", "--format=tar", commit, inner],
+                                 check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(inner)]
+            for member in members:
+                member.name = member.name[len(inner):].lstrip("/") or "."
+            tar.extractall(dest, members=members, filter="data")
+        return
+    found = Path(source) / inner
+    if not found.is_dir():
+        raise SystemExit(f"compat_lane: {source} has no {inner}/ (give a checkout or GITDIR@COMMIT)")
+    shutil.copytree(found, dest)
+
+
+def version_of(package_info: Path) -> str:
+    """``MAJOR.MINOR.PATCH[PRE_RELEASE]`` read from a ``package_info.py`` (importing it would import the package)."""
+    text = package_info.read_text(encoding="utf-8") if package_info.exists() else ""
+    found = {k: v for k, v in re.findall(r"^(MAJOR|MINOR|PATCH|PRE_RELEASE) = ['\"]?([^'\"\n]*)", text, re.M)}
+    return ".".join(found.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH")) + found.get("PRE_RELEASE", "")
+
+
+def lane_env(side: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(side)])  # the plugin first, then the shadowing sources
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_VCS_VERSION": "1"})
+    return env
+
+
+def run(args: list[str], env: dict[str, str], timeout: int) -> tuple[str, float, str]:
+    """(summary, seconds, last lines) of one process."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timed out", time.perf_counter() - started, ""
+    seconds = time.perf_counter() - started
+    output = done.stdout + done.stderr
+    counts = ", ".join(f"{n} {what}" for n, what in _SUMMARY.findall(output.splitlines()[-1] if output else ""))
+    return counts or f"exit {done.returncode}", seconds, "\n".join(output.splitlines()[-5:])
+
+
+def out(line: str, stream=sys.stdout) -> None:
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bridge", required=True, help="Megatron-Bridge checkout, or GITDIR@COMMIT")
+    parser.add_argument("--mcore", required=True, help="Megatron-LM (megatron-core) checkout, or GITDIR@COMMIT")
+    parser.add_argument("--side", required=True, type=Path, help="side folder (made or replaced)")
+    parser.add_argument("--tests", nargs="*", default=list(TESTS), help="test files (default: the Bridge-facing ones)")
+    parser.add_argument("--no-commands", action="store_true", help="skip demo and plan")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per process")
+    options = parser.parse_args(argv)
+    for key, source in (("bridge", options.bridge), ("mcore", options.mcore)):
+        inner, target = PACKAGES[key]
+        materialise(source, inner, options.side / target)
+    env = lane_env(options.side)
+    versions = {key: version_of(options.side / target / "package_info.py") for key, (_, target) in PACKAGES.items()}
+    out(f"in the lane ({options.side}): Megatron-Bridge {versions['bridge']} ({options.bridge}), "
+        f"megatron-core {versions['mcore']} ({options.mcore})")
+    out("| run | result | seconds |\n|---|---|---|")
+    failed = False
+    runs = [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test] for test in options.tests]
+    if not options.no_commands:
+        runs += [[sys.executable, "-m", "bridge_freeze_plugin.cli", *command] for command in COMMANDS]
+    for args in runs:
+        name = args[-1] if "pytest" in args else "bridge-freeze " + " ".join(args[3:])
+        summary, seconds, tail = run(args, env, options.timeout)
+        out(f"| {name} | {summary} | {seconds:.0f} |")
+        if "failed" in summary or "error" in summary or (summary.startswith(("exit", "timed")) and summary != "exit 0"):
+            failed = True
+            out("\n".join(f"    {line}" for line in tail.splitlines()), sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
