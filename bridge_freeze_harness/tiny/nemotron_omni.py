@@ -192,3 +192,14 @@ def tiny_patches() -> Iterator[None]:
         ]
     ):
         yield
+
+
+@contextlib.contextmanager
+def forward_patches() -> Iterator[None]:
+    """A forward / backward of a Mamba layer: megatron-core's training kernel (mamba-ssm's
+    ``mamba_split_conv1d_scan_combined``, CUDA-only) -> the harness's pure-PyTorch reference
+    (:mod:`bridge_freeze_harness._mamba_cpu`)."""
+    from bridge_freeze_harness._mamba_cpu import mamba_forward_patches
+
+    with patched(mamba_forward_patches()):
+        yield
