@@ -55,7 +55,10 @@ from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 #: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
-CANNOT_TRAIN = "its Mamba layers' forward needs the CUDA-only mamba-ssm kernels (selective scan, causal conv1d)"
+CANNOT_TRAIN = (
+    "the harness has no synthetic batch for Bridge's llava_step (images as tiles + num_image_tiles) yet; its Mamba "
+    "layers do run forward/backward on the CPU (bridge_freeze_harness._mamba_cpu)"
+)
 
 #: One Mamba, one MLP, one attention, one MLP layer: every layer kind of Nano V2's pattern.
 TINY_PATTERN = "M-*-"

@@ -3,10 +3,11 @@
 - the chunked scan equals the step-by-step Mamba-2 recurrence (written here, in the test) on random inputs, for
   chunk sizes that divide the length, do not, and exceed it; and the full kernel stand-in (conv, softplus, D skip,
   z gate) equals a per-step evaluation written here too;
-- a real tiny Nemotron-VL (Bridge's provider, real ``HybridModel`` with a ``MambaMixer`` layer, real RADIO vision
-  tower and projector) runs forward and backward on the CPU with the plugin's selection: exactly the parameters
-  under the unfrozen parts' prefixes (the test's own table, read off the Bridge model tree) get a gradient, the
-  Mamba mixer's own parameters included when the language model trains.
+- a real tiny Nemotron-VL and Nemotron Omni (Bridge's providers, real ``HybridModel`` with a ``MambaMixer`` layer
+  first, real vision tower and projector, Omni's sound encoder and projector) run forward and backward on the CPU
+  with the plugin's selection: exactly the parameters under the unfrozen parts' prefixes (the test's own table,
+  read off the Bridge model trees) get a gradient, the Mamba mixer's own parameters included when the language
+  model trains.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from bridge_freeze_harness.forward import forward_patches
 from bridge_freeze_harness.tiny import build_tiny_model, make_provider
 from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 
-NAME = "nemotron_vl"
-#: plugin flag -> the module prefix it covers (read off the Bridge model tree; the test's own table).
+NAME, OMNI = "nemotron_vl", "nemotron_omni"
+#: plugin flag -> the module prefix it covers (read off the Bridge model trees; the test's own table).
 PARTS = {
     "freeze_language_model": "llava_model.language_model.",
     "freeze_vision_model": "llava_model.vision_model.",
     "freeze_vision_projection": "llava_model.vision_projection.",
 }
+OMNI_PARTS = {**PARTS, "freeze_audio_model": "llava_model.sound_model.",
+              "freeze_audio_projection": "llava_model.sound_projection."}
 #: The tiny pattern's one Mamba layer (layer 0) and the parameters megatron-core's MambaMixer owns.
 MIXER = "llava_model.language_model.decoder.layers.0.mixer."
 MIXER_PARAMS = {"A_log", "D", "conv1d_bias", "conv1d_weight", "dt_bias", "in_proj.layer_norm_weight",
@@ -90,12 +93,17 @@ def test_the_stand_in_refuses_packed_sequences():
                           torch.zeros(1), 4, headdim=2, seq_idx=torch.zeros(1, 2, dtype=torch.int32))
 
 
-@pytest.fixture(scope="module")
-def model(cpu_bridge):
-    return build_tiny_model(NAME, make_provider(NAME))
+@pytest.fixture(scope="module", params=[NAME, OMNI])
+def built(request, cpu_bridge):
+    provider = make_provider(request.param)
+    return request.param, provider, build_tiny_model(request.param, provider)
 
 
-def _batch() -> dict:
+def _batch(family: str, provider) -> dict:
+    if family == OMNI:
+        from bridge_freeze_harness.tiny.nemotron_omni import forward_inputs
+
+        return forward_inputs(provider)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 100, (1, 12), generator=gen)
     ids[0, 3] = IMAGE_TOKEN
@@ -109,17 +117,19 @@ def _batch() -> dict:
 
 
 @pytest.mark.parametrize("flag", ["freeze_vision_model", "freeze_language_model"])
-def test_a_forward_and_backward_through_mamba_gives_gradients_to_exactly_the_selection(model, flag):
-    apply_selection(model, get_family(NAME), FreezeSelection(**{flag: True}))
+def test_a_forward_and_backward_through_mamba_gives_gradients_to_exactly_the_selection(built, flag):
+    family, provider, model = built
+    apply_selection(model, get_family(family), FreezeSelection(**{flag: True}))
     model.zero_grad(set_to_none=True)
-    with forward_patches(NAME):
-        per_token, _ = model(**_batch())
+    with forward_patches(family):
+        per_token, _ = model(**_batch(family, provider))
         loss = per_token.float().mean()
         loss.backward()
     assert torch.isfinite(loss)
     names = [n for n, _ in model.named_parameters()]
     assert {MIXER + p for p in MIXER_PARAMS} <= set(names)
-    trained = tuple(prefix for f, prefix in PARTS.items() if f != flag)
+    parts = OMNI_PARTS if family == OMNI else PARTS
+    trained = tuple(prefix for f, prefix in parts.items() if f != flag)
     expected = {n for n in names if n.startswith(trained)}
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert set(grads) == expected
