@@ -41,7 +41,10 @@ from bridge_freeze_harness.tiny.nemotron_vl import TINY_MAMBA, hybrid_build_patc
 
 REAL = True
 #: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
-CANNOT_TRAIN = "its Mamba layers' forward needs the CUDA-only mamba-ssm kernels (selective scan, causal conv1d)"
+CANNOT_TRAIN = (
+    "the harness has no synthetic batch for Bridge's nemotron_omni_step yet; its Mamba layers do run "
+    "forward/backward on the CPU (bridge_freeze_harness._mamba_cpu)"
+)
 
 #: One Mamba, one attention, one MoE layer: every layer kind of Nemotron-3 Omni's pattern.
 TINY_PATTERN = "M*E"
@@ -191,4 +194,15 @@ def tiny_patches() -> Iterator[None]:
             (module, "fast_gelu", _eager(module.fast_gelu)),
         ]
     ):
+        yield
+
+
+@contextlib.contextmanager
+def forward_patches() -> Iterator[None]:
+    """A forward / backward of a Mamba layer: megatron-core's training kernel (mamba-ssm's
+    ``mamba_split_conv1d_scan_combined``, CUDA-only) -> the harness's pure-PyTorch reference
+    (:mod:`bridge_freeze_harness._mamba_cpu`)."""
+    from bridge_freeze_harness._mamba_cpu import mamba_forward_patches
+
+    with patched(mamba_forward_patches()):
         yield

@@ -24,9 +24,10 @@ point 4 is :func:`tiny_patches` (the tiny configuration only).
    ``mamba_mixer.HAVE_MAMBA_SSM`` reads True and its gated norm is ``local_layers.GatedRMSNorm``
    (same ``norm.weight`` parameter). The rest of ``MambaMixer`` (``in_proj``, ``conv1d_weight``,
    ``conv1d_bias``, ``dt_bias``, ``A_log``, ``D``, ``out_proj``) is the real constructor's.
-   Construction only: a Mamba layer's forward needs mamba-ssm's kernels and fails on the CPU.
-   A pattern without ``M`` (``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)``) builds a
-   model whose language model runs forward/backward on the CPU (under ``train.forward_patches``).
+   A Mamba layer's forward / backward runs on the CPU under :func:`forward_patches` (applied by
+   ``train.forward_patches(name)``): megatron-core's training kernel becomes the harness's pure-PyTorch
+   SSD scan (:mod:`bridge_freeze_harness._mamba_cpu`). A pattern without ``M``
+   (``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)``) builds a model without Mamba layers.
 4. Sizes: the provider hard-codes the vision tower (32 layers, hidden 1280) and the projection
    FFN (20480) inside ``provide()``: about 700M parameters. ``LLaVAModel`` as named in the
    provider module is a thin function that shrinks those two configs (2 layers, hidden 64,
@@ -54,7 +55,10 @@ from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 #: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
-CANNOT_TRAIN = "its Mamba layers' forward needs the CUDA-only mamba-ssm kernels (selective scan, causal conv1d)"
+CANNOT_TRAIN = (
+    "the harness has no synthetic batch for Bridge's llava_step (images as tiles + num_image_tiles) yet; its Mamba "
+    "layers do run forward/backward on the CPU (bridge_freeze_harness._mamba_cpu)"
+)
 
 #: One Mamba, one MLP, one attention, one MLP layer: every layer kind of Nano V2's pattern.
 TINY_PATTERN = "M-*-"
@@ -192,4 +196,15 @@ def tiny_patches() -> Iterator[None]:
     from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
 
     with patched([(nemotron_vl_provider, "LLaVAModel", tiny_llava)]):
+        yield
+
+
+@contextlib.contextmanager
+def forward_patches() -> Iterator[None]:
+    """A forward / backward of a Mamba layer: megatron-core's training kernel (mamba-ssm's
+    ``mamba_split_conv1d_scan_combined``, CUDA-only) -> the harness's pure-PyTorch reference
+    (:mod:`bridge_freeze_harness._mamba_cpu`)."""
+    from bridge_freeze_harness._mamba_cpu import mamba_forward_patches
+
+    with patched(mamba_forward_patches()):
         yield

@@ -41,7 +41,7 @@ from bridge_freeze_harness import train
 from bridge_freeze_harness.tiny import build_tiny_model
 from bridge_freeze_plugin import FreezeSelection, Part, apply_selection, get_family
 
-#: Every tiny configuration that must train on the CPU (Nemotron-VL cannot: Mamba needs mamba-ssm).
+#: Every tiny configuration that must train on the CPU (not the Nemotrons: no synthetic batch for their Bridge steps).
 TRAINABLE = sorted(set(PARTS) - {"nemotron_vl", "nemotron_omni"})
 
 #: The plugin registry's family of a configuration, where the names differ.
