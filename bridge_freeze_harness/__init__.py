@@ -37,7 +37,8 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
   :mod:`.patching` (set attributes, restore in reverse order), :mod:`.tiny` (one module per family: tiny
   configurations, CPU patches, train specs);
 - training steps: :mod:`.batches` (synthetic batches, ``TrainSpec``), :mod:`.forward` (CPU forward / backward
-  patches), :mod:`.train` (a few AdamW steps);
+  patches), :mod:`._mamba_cpu` (a pure-PyTorch Mamba-2 scan for mamba-ssm's CUDA-only training kernel),
+  :mod:`.train` (a few AdamW steps);
 - Bridge's real training loop: :mod:`.cpu_training` (``pretrain()`` / ``finetune()`` on a CPU), :mod:`._cpu_patches`
   (its CUDA-to-CPU patches), :mod:`._bridge_steps` (Bridge's forward steps per family, their batch layouts, the
   synthetic dataset), :mod:`._visual_inputs` (Bridge's ``GenericVisualInputs`` with a model input it lacks, for

@@ -145,8 +145,8 @@ HF_FAMILIES: dict[str, HFFamily] = {
 #: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each).
 NO_HF_CHECKPOINT: dict[str, str] = {
     "nemotron_omni": (
-        "its HF model (NemotronH_Nano_Omni_Reasoning_V3) is remote code on the hub, not in transformers 5.12.1; "
-        "its Mamba layers also cannot run a forward on the CPU (CUDA-only mamba-ssm kernels)"
+        "its HF model (NemotronH_Nano_Omni_Reasoning_V3) is remote code on the hub, not in transformers 5.12.1, "
+        "so no checkpoint can be written, converted or loaded back here"
     ),
     "kimi_k25_vl": (
         "its HF model (KimiK25ForConditionalGeneration, model_type kimi_k25) is remote code on the hub, not in "
@@ -155,8 +155,8 @@ NO_HF_CHECKPOINT: dict[str, str] = {
     ),
     "nemotron_vl": (
         "its HF model (NemotronH_Nano_VL_V2, model_type nemotron_vl) is remote code on the hub, not in "
-        "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'); its Mamba layers also "
-        "cannot run a forward on the CPU (CUDA-only mamba-ssm kernels)"
+        "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'), so no checkpoint can be "
+        "written, converted or loaded back here"
     ),
     "step37": (
         "transformers 5.12.1 has no Step-3.7 model class: Bridge registers only its config (Step37Config) with "

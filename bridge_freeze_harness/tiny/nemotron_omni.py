@@ -20,8 +20,9 @@ RADIO activations) are ``torch.compile``'d (``megatron.core.jit.jit_fuser``): th
 with inductor, seconds to a minute on a loaded 2-core machine. The tiny provider and :func:`tiny_patches` use the
 same functions un-compiled (``inspect.unwrap``: the function ``torch.compile`` wrapped); no name or shape changes.
 
-Forward on the CPU: only without Mamba layers (mamba-ssm's kernels are CUDA-only): build with
-``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)`` and feed :func:`forward_inputs` (an image through the
+Forward on the CPU: with the Mamba layers (the harness's CPU scan, :mod:`bridge_freeze_harness._mamba_cpu`, under
+``forward_patches``), or faster without them: build with ``make_provider(hybrid_layer_pattern=FORWARD_PATTERN)``;
+feed :func:`forward_inputs` (an image through the
 packed dynamic-resolution path and a sound clip) inside ``bridge_freeze_harness.forward.forward_patches``.
 """
 

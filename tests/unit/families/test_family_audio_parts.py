@@ -14,8 +14,9 @@ Gemma 4: ``freeze_audio_model`` / ``freeze_audio_projection``); never from the p
 - Bridge's own provider fields ``freeze_sound_encoder`` / ``freeze_sound_projection`` (Nemotron Omni) under the
   plugin: aliases of ``freeze_audio_model`` / ``freeze_audio_projection``.
 
-Nemotron Omni's forward runs with a Mamba-free layer pattern (``FORWARD_PATTERN``: attention + MoE): a Mamba
-layer's forward needs the CUDA-only mamba-ssm kernels. The partition test uses the real pattern (with Mamba).
+Nemotron Omni's forward here runs with a Mamba-free layer pattern (``FORWARD_PATTERN``: attention + MoE), the
+faster build; tests/unit/integration/test_mamba_cpu.py runs its Mamba layers on the harness's CPU scan. The partition
+test uses the real pattern (with Mamba).
 """
 
 from __future__ import annotations

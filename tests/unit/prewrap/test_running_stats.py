@@ -75,7 +75,7 @@ def _omni_forward(provider: Any) -> Any:
 
 def _forward_setup(name: str) -> tuple[torch.nn.Module, Any]:
     """A tiny model and one train-mode forward of it (the loss), for a family that can run one on the CPU."""
-    if name == OMNI:  # its Mamba layers' forward is CUDA-only: the harness's attention + MoE layer pattern
+    if name == OMNI:  # the faster Mamba-free build (the harness's attention + MoE layer pattern)
         from bridge_freeze_harness.tiny import nemotron_omni
 
         provider = make_provider(OMNI, hybrid_layer_pattern=nemotron_omni.FORWARD_PATTERN)
