@@ -260,8 +260,9 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
         out(line)
     for key in s.unread_freeze_keys:
         out(f"not read: {key} (no setting of the {checked.layout.title} layout: a run of it ignores this key)")
-    rates = s.learning_rates.describe() if s.learning_rates else "every part on the global schedule"
-    out(f"learning rates ({s.learning_rates_key}): {rates}")
+    if checked.layout.learning_rates_refused is None:  # a layout that refuses per-part rates (SkyRL's) has none
+        rates = s.learning_rates.describe() if s.learning_rates else "every part on the global schedule"
+        out(f"learning rates ({s.learning_rates_key}): {rates}")
     for note in adjusted:
         out(f"adjusted when the model is built: {note}")
     out("OK: valid")

@@ -265,6 +265,21 @@ def test_the_layout_is_read_as_skyrl_reads_it_from_the_committed_listing(monkeyp
         load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_vision_model=true"])
 
 
+def test_check_config_prints_no_learning_rate_line_where_skyrl_refuses_per_part_rates(capsys, monkeypatch):
+    """Before: a valid SkyRL run's summary said "learning rates (...transformer_config_kwargs): every part on the
+    global schedule", a section where SkyRL 0.4.0 refuses every per-part rate; Bridge's layout still says it."""
+    from bridge_freeze_plugin.cli import main
+
+    monkeypatch.setenv("BRIDGE_FREEZE_SKYRL_FIELDS", str(LISTING))
+    assert main(["check-config", str(DUMPS["rl"]), MEGATRON, f"{K}.freeze_vision_model=true"]) == 0
+    out = capsys.readouterr().out
+    assert "trains: language_model, vision_projection; frozen: vision_model" in out and "OK: valid" in out
+    assert "learning rates (" not in out
+    assert main(["check-config", "--layout", "bridge", "model.freeze_vision_model=true"]) == 0
+    assert "learning rates (optimizer_config_override_provider): every part on the global schedule" in (
+        capsys.readouterr().out)
+
+
 @needs_skyrl
 def test_the_committed_dumps_and_listing_are_what_the_installed_skyrl_writes(skyrl_as_released):
     import importlib.util as iu
