@@ -3,7 +3,8 @@
 - :mod:`._yaml_overrides`: YAML files and ``key=value`` overrides, each value with where it came from;
 - :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
 - :mod:`._source`: the effective config and the layout it is read with;
-- :mod:`._layouts`: each trainer's layout as data (SFT, RL, Bridge, NeMo-RL);
+- :mod:`._layouts`: the :class:`Layout` record; each trainer's layout as data, one module each (:mod:`._layout_sft_rl`,
+  :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the layouts by name, and which one a file is;
 - :mod:`._skyrl_fields`, :mod:`._skyrl`: SkyRL's config classes (installed, else a committed listing), what its
   loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
 - :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
@@ -16,7 +17,11 @@ Importing this package imports OmegaConf (the plugin's top level imports it lazi
 """
 
 from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
-from bridge_freeze_plugin.config._layouts import BRIDGE, LAYOUTS, NEMO_RL, RL, SFT, Layout
+from bridge_freeze_plugin.config._layout_bridge import BRIDGE
+from bridge_freeze_plugin.config._layout_detect import LAYOUTS
+from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
+from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
+from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import (
     LoraSettings,
     RunSettings,

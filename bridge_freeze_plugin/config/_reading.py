@@ -16,7 +16,9 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.config._layouts import PLUGIN_KEYS, VLM_LORA_SWITCHES, Layout, OwnSetting, plugin_sections
+from bridge_freeze_plugin.config._layout_bridge import VLM_LORA_SWITCHES
+from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS, plugin_sections
+from bridge_freeze_plugin.config._layouts import Layout, OwnSetting
 from bridge_freeze_plugin.config._yaml_overrides import brief
 from bridge_freeze_plugin.errors import (
     FreezeFlagTypeError,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from bridge_freeze_plugin.config import _layouts as layouts
+from bridge_freeze_plugin.config import _layout_detect as layouts
 from bridge_freeze_plugin.config._compose import compose
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import IN_CONFIG, resolvers, unread_freeze_keys

@@ -17,9 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from bridge_freeze_plugin.config import _layouts as layouts
 from bridge_freeze_plugin.config import _rules as rules
 from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
+from bridge_freeze_plugin.config._layout_bridge import BRIDGE
+from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import (
     LoraSettings,
@@ -152,7 +153,7 @@ def validate_sft_config(
     The config is taken as complete (a key it does not write is unset). The family comes from
     ``provider``, else ``family``, else ``model.path`` when it is a local checkpoint with a ``config.json``.
     """
-    return _validate_layout(cfg, layouts.SFT, provider=provider, family=family)
+    return _validate_layout(cfg, SFT, provider=provider, family=family)
 
 
 def validate_rl_config(
@@ -163,7 +164,7 @@ def validate_rl_config(
     Also rejects any freeze flag under ``trainer.ref.megatron_config`` (the reference model never
     trains). The family comes from ``provider``, else ``family``, else ``trainer.policy.model.path``.
     """
-    return _validate_layout(cfg, layouts.RL, provider=provider, family=family)
+    return _validate_layout(cfg, RL, provider=provider, family=family)
 
 
 def validate_bridge_config(
@@ -173,7 +174,7 @@ def validate_bridge_config(
 
     The family comes from ``provider``, else ``family``, else ``model._target_`` (the provider class).
     """
-    return _validate_layout(cfg, layouts.BRIDGE, provider=provider, family=family)
+    return _validate_layout(cfg, BRIDGE, provider=provider, family=family)
 
 
 def validate_config(
