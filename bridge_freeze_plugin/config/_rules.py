@@ -16,7 +16,8 @@ from typing import Any
 
 from bridge_freeze_plugin.config._family import import_target, importable_target
 from bridge_freeze_plugin.config._lora_targets import lora_targets_are_exportable
-from bridge_freeze_plugin.config._reading import LoraSettings, RunSettings, join_problems
+from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
+from bridge_freeze_plugin.config._values import join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
 from bridge_freeze_plugin.prewrap import full_recompute_adjustment, is_full, resolve_family

@@ -19,19 +19,14 @@ from omegaconf import DictConfig
 
 from bridge_freeze_plugin.config import _rules as rules
 from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
+from bridge_freeze_plugin.config._flags import read_selection
 from bridge_freeze_plugin.config._layout_bridge import BRIDGE
 from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
-from bridge_freeze_plugin.config._reading import (
-    LoraSettings,
-    RunSettings,
-    Setting,
-    read_selection,
-    read_settings,
-    select,
-    with_provider_defaults,
-)
+from bridge_freeze_plugin.config._reading import read_settings, with_provider_defaults
+from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
+from bridge_freeze_plugin.config._values import Setting, select
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, family_for_provider
 from bridge_freeze_plugin.request import FreezeSelection
 
