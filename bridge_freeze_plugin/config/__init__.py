@@ -13,7 +13,8 @@
   patterns (:mod:`._flags`), keys written where they are not read (:mod:`._misplaced`), the other settings
   (:mod:`._setting_readers`);
 - :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
-- :mod:`._rules`: the freeze rules over those settings;
+- :mod:`._rules`: the freeze rules over those settings; :mod:`._lora_rules`: the LoRA rules; :mod:`._checks`: the
+  check, stage by stage (config rules, provider and family, LoRA rules, full recompute);
 - :mod:`._validation`: the entry points (:func:`validate_config`, :func:`load_run`...).
 
 Importing this package imports OmegaConf (the plugin's top level imports it lazily, on first use).
@@ -26,8 +27,9 @@ from bridge_freeze_plugin.config._layout_detect import LAYOUTS
 from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
 from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._lora_rules import lora_adapter_parts, vlm_lora_effect
 from bridge_freeze_plugin.config._reading import read_settings, resolvers
-from bridge_freeze_plugin.config._rules import MEGATRON, lora_adapter_parts, vlm_lora_effect
+from bridge_freeze_plugin.config._rules import MEGATRON
 from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._validation import (
