@@ -1,6 +1,7 @@
 """Configuration: reading a training config and checking the freeze rules on it, before anything is built.
 
-- :mod:`._yaml_overrides`: YAML files and ``key=value`` overrides, each value with where it came from;
+- :mod:`._yaml_overrides`, :mod:`._yaml_files`: ``key=value`` overrides and YAML files, each value with where it
+  came from;
 - :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
 - :mod:`._source`: the effective config and the layout it is read with;
 - :mod:`._layouts`: the :class:`Layout` record; each trainer's layout as data, one module each (:mod:`._layout_sft_rl`,
