@@ -1,32 +1,37 @@
 """Configuration: reading a training config and checking the freeze rules on it, before anything is built.
 
-- :mod:`._yaml_overrides`: YAML files and ``key=value`` overrides, each value with where it came from;
+- :mod:`._yaml_overrides`, :mod:`._yaml_files`: ``key=value`` overrides and YAML files, each value with where it
+  came from;
 - :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
 - :mod:`._source`: the effective config and the layout it is read with;
-- :mod:`._layouts`: each trainer's layout as data (SFT, RL, Bridge, NeMo-RL);
+- :mod:`._layouts`: the :class:`Layout` record; each trainer's layout as data, one module each (:mod:`._layout_sft_rl`,
+  :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the layouts by name, and which one a file is;
 - :mod:`._skyrl_fields`, :mod:`._skyrl`: SkyRL's config classes (installed, else a committed listing), what its
   loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
 - :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
-- :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source;
+- :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source, read
+  into :class:`RunSettings` (:mod:`._run_settings`) by job: values and their sources (:mod:`._values`), the flags and
+  patterns (:mod:`._flags`), keys written where they are not read (:mod:`._misplaced`), the other settings
+  (:mod:`._setting_readers`);
 - :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
-- :mod:`._rules`: the freeze rules over those settings;
+- :mod:`._rules`: the freeze rules over those settings; :mod:`._lora_rules`: the LoRA rules; :mod:`._checks`: the
+  check, stage by stage (config rules, provider and family, LoRA rules, full recompute);
 - :mod:`._validation`: the entry points (:func:`validate_config`, :func:`load_run`...).
 
 Importing this package imports OmegaConf (the plugin's top level imports it lazily, on first use).
 """
 
 from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
-from bridge_freeze_plugin.config._layouts import BRIDGE, LAYOUTS, NEMO_RL, RL, SFT, Layout
-from bridge_freeze_plugin.config._reading import (
-    LoraSettings,
-    RunSettings,
-    Setting,
-    read_selection,
-    read_settings,
-    resolvers,
-    select,
-)
-from bridge_freeze_plugin.config._rules import MEGATRON, lora_adapter_parts, vlm_lora_effect
+from bridge_freeze_plugin.config._flags import read_selection
+from bridge_freeze_plugin.config._layout_bridge import BRIDGE
+from bridge_freeze_plugin.config._layout_detect import LAYOUTS
+from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
+from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
+from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._lora_rules import lora_adapter_parts, vlm_lora_effect
+from bridge_freeze_plugin.config._reading import read_settings, resolvers
+from bridge_freeze_plugin.config._rules import MEGATRON
+from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._validation import (
     ConfigRun,
@@ -37,6 +42,7 @@ from bridge_freeze_plugin.config._validation import (
     validate_selection,
     validate_sft_config,
 )
+from bridge_freeze_plugin.config._values import Setting, select
 from bridge_freeze_plugin.config._yaml_overrides import Override, Provenance, parse_override
 
 __all__ = [

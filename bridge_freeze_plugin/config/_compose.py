@@ -27,7 +27,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from bridge_freeze_plugin.config._yaml_overrides import Provenance, brief, check_depth, read_yaml_file
+from bridge_freeze_plugin.config._yaml_files import read_yaml_file
+from bridge_freeze_plugin.config._yaml_overrides import Provenance, brief, check_depth
 from bridge_freeze_plugin.errors import ConfigLoadError
 
 SELF = "_self_"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from bridge_freeze_plugin.config._reading import RunSettings
+from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import Part

@@ -9,7 +9,9 @@ from typing import Any
 from bridge_freeze_plugin.config._conversion_cache import find_cache, unwritten_flag_notes
 from bridge_freeze_plugin.config._family import PROVIDER_FLAG_DEFAULTS
 from bridge_freeze_plugin.config._layouts import Layout
-from bridge_freeze_plugin.config._reading import RunSettings, resolvers, section, select
+from bridge_freeze_plugin.config._reading import resolvers
+from bridge_freeze_plugin.config._run_settings import RunSettings
+from bridge_freeze_plugin.config._values import section, select
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.request import FLAG_PARTS, FLAGS, FreezeSelection
 

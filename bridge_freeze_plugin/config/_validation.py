@@ -1,7 +1,7 @@
 """Config validation for SFT, RL and Bridge runs: every bad combination fails before a model is built.
 
 Each public function reads (:mod:`bridge_freeze_plugin.config`: YAML and overrides, layouts, reading), then checks
-(:mod:`bridge_freeze_plugin.config._rules`). The rules: a flag needs strategy ``megatron``; a language-model-only
+(:mod:`bridge_freeze_plugin.config._checks`). The rules: a flag needs strategy ``megatron``; a language-model-only
 run has no vision part; every part frozen needs LoRA; LoRA with a partial selection is refused; no flag
 under the reference model; a flag on a provider no family covers; full recompute on a family whose
 projection loses gradient under it; flags that are real booleans, and no unknown freeze key. See
@@ -17,20 +17,17 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from bridge_freeze_plugin.config import _layouts as layouts
-from bridge_freeze_plugin.config import _rules as rules
+from bridge_freeze_plugin.config import _checks as checks
 from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
+from bridge_freeze_plugin.config._flags import read_selection
+from bridge_freeze_plugin.config._layout_bridge import BRIDGE
+from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
-from bridge_freeze_plugin.config._reading import (
-    LoraSettings,
-    RunSettings,
-    Setting,
-    read_selection,
-    read_settings,
-    select,
-    with_provider_defaults,
-)
+from bridge_freeze_plugin.config._reading import read_settings, with_provider_defaults
+from bridge_freeze_plugin.config._rules import MEGATRON
+from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
+from bridge_freeze_plugin.config._values import Setting, select
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, family_for_provider
 from bridge_freeze_plugin.request import FreezeSelection
 
@@ -47,8 +44,6 @@ __all__ = [
     "validate_selection",
     "validate_sft_config",
 ]
-
-MEGATRON = rules.MEGATRON
 
 
 def _family_arg(family: FamilySpec | str | None) -> FamilySpec | None:
@@ -95,7 +90,7 @@ def validate_selection(
         family=_family_arg(family),
         provider=provider,
     )
-    return rules.check(settings)
+    return checks.check(settings)
 
 
 def _with_family(settings: RunSettings, cfg: Any, layout: Layout, provider: Any,
@@ -141,7 +136,7 @@ def _known_family(cfg: Any, layout: Layout, provider: Any, family: FamilySpec | 
 
 def _validate_layout(cfg: Any, layout: Layout, *, provider: Any, family: FamilySpec | str | None) -> FreezeSelection:
     settings = read_settings(cfg, layout, family=_known_family(cfg, layout, provider, family))
-    return rules.check(_with_family(settings, cfg, layout, provider, family))
+    return checks.check(_with_family(settings, cfg, layout, provider, family))
 
 
 def validate_sft_config(
@@ -152,7 +147,7 @@ def validate_sft_config(
     The config is taken as complete (a key it does not write is unset). The family comes from
     ``provider``, else ``family``, else ``model.path`` when it is a local checkpoint with a ``config.json``.
     """
-    return _validate_layout(cfg, layouts.SFT, provider=provider, family=family)
+    return _validate_layout(cfg, SFT, provider=provider, family=family)
 
 
 def validate_rl_config(
@@ -163,7 +158,7 @@ def validate_rl_config(
     Also rejects any freeze flag under ``trainer.ref.megatron_config`` (the reference model never
     trains). The family comes from ``provider``, else ``family``, else ``trainer.policy.model.path``.
     """
-    return _validate_layout(cfg, layouts.RL, provider=provider, family=family)
+    return _validate_layout(cfg, RL, provider=provider, family=family)
 
 
 def validate_bridge_config(
@@ -173,7 +168,7 @@ def validate_bridge_config(
 
     The family comes from ``provider``, else ``family``, else ``model._target_`` (the provider class).
     """
-    return _validate_layout(cfg, layouts.BRIDGE, provider=provider, family=family)
+    return _validate_layout(cfg, BRIDGE, provider=provider, family=family)
 
 
 def validate_config(
@@ -202,11 +197,11 @@ class ConfigRun:
 
     def validate(self) -> FreezeSelection:
         """Every rule; returns the selection or raises (see :func:`validate_selection`)."""
-        return rules.check(self.settings)
+        return checks.check(self.settings)
 
     def adjustments(self) -> list[str]:
         """What the provider build will adjust for this run (e.g. full recompute off in a vision tower)."""
-        return rules.adjustments(self.settings)
+        return checks.adjustments(self.settings)
 
 
 def load_run(

@@ -443,7 +443,7 @@ def test_each_config_composes_as_nemo_rls_own_loader_composes_it(name):
     from omegaconf import OmegaConf
 
     from bridge_freeze_plugin.config import load
-    from bridge_freeze_plugin.config._layouts import NEMO_RL
+    from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
     from bridge_freeze_plugin.config._reading import resolvers
 
     loaded = load(nemo_rl(name))
@@ -642,11 +642,13 @@ def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
     """NeMo-RL's DPO as one more table: detected from policy: + dpo:, no weight sync (the RL rule is a trait)."""
     from dataclasses import replace
 
-    from bridge_freeze_plugin.config import _layouts as layouts
+    from bridge_freeze_plugin.config._layout_detect import LAYOUTS
+    from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
+    from bridge_freeze_plugin.config._layouts import Marker
 
-    dpo = replace(layouts.NEMO_RL, name="nemo_rl_dpo", title="NeMo-RL DPO",
-                  decides=(layouts.Marker(("policy", "dpo")),), hints=(), syncs_weights_with=())
-    monkeypatch.setitem(layouts.LAYOUTS, dpo.name, dpo)
+    dpo = replace(NEMO_RL, name="nemo_rl_dpo", title="NeMo-RL DPO",
+                  decides=(Marker(("policy", "dpo")),), hints=(), syncs_weights_with=())
+    monkeypatch.setitem(LAYOUTS, dpo.name, dpo)
     path = write(tmp_path / "dpo.yaml", {"dpo": {"seed": 1}, "policy": {
         "model_name": "Qwen/Qwen2.5-VL-3B-Instruct", "dtensor_cfg": {"enabled": False},
         "megatron_cfg": {"enabled": True, "peft": {"enabled": True, "dim": 8, "target_modules": ["linear_qkv"]},

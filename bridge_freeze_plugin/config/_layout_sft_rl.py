@@ -1,0 +1,73 @@
+"""The trainer's SFT and RL layouts (the open-source RL/SFT trainer this plugin's flags come from: its dataclass
+defaults, its older Hydra YAML layout), as data (:class:`~bridge_freeze_plugin.config._layouts.Layout`)."""
+
+from __future__ import annotations
+
+from bridge_freeze_plugin.config._layouts import Layout, Marker, Peer, _bridge_field_elsewhere, _router
+
+SFT = Layout(
+    name="sft",
+    title="SFT",
+    trainer="the trainer",
+    flags="megatron_config",
+    strategy="strategy",
+    language_model_only="model.language_model_only",
+    lora="model.lora",
+    lora_rank="rank",
+    model_path="model.path",
+    provider_target=None,
+    recompute=(
+        "megatron_config.recompute_granularity",
+        "megatron_config.transformer_config_kwargs.recompute_granularity",
+    ),
+    own={"megatron_config": {"freeze_moe_router": _router("the trainer")}},
+    refused={"megatron_config": _bridge_field_elsewhere("the trainer")},
+    defaults={
+        "strategy": "megatron",
+        "model.lora.rank": 0,
+        "megatron_config.transformer_config_kwargs.recompute_granularity": "full",
+    },
+    decides=(Marker(("strategy",)), Marker(("megatron_config",))),
+    skyrl="sft",
+    hints=(Marker(("model.path",)), Marker(("model.lora",)), Marker(("model.language_model_only",))),
+)
+
+RL = Layout(
+    name="rl",
+    title="RL",
+    trainer="the trainer",
+    flags="trainer.policy.megatron_config",
+    strategy="trainer.strategy",
+    language_model_only="trainer.policy.language_model_only",
+    lora="trainer.policy.model.lora",
+    lora_rank="rank",
+    model_path="trainer.policy.model.path",
+    provider_target=None,
+    recompute=(
+        "trainer.policy.megatron_config.recompute_granularity",
+        "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity",
+    ),
+    reference_flags="trainer.ref.megatron_config",
+    peers=(
+        Peer("trainer.ref.language_model_only", "the reference model",
+             used_when=("trainer.algorithm.use_kl_loss", "trainer.algorithm.use_kl_in_reward")),
+        Peer("generator.inference_engine.language_model_only", "the inference engine"),
+    ),
+    own={"trainer.policy.megatron_config": {"freeze_moe_router": _router("the trainer")},
+         "trainer.ref.megatron_config": {"freeze_moe_router": _router("the trainer")}},
+    refused={"trainer.policy.megatron_config": _bridge_field_elsewhere("the trainer")},
+    defaults={
+        "trainer.strategy": "fsdp",
+        "trainer.policy.language_model_only": False,
+        "trainer.policy.model.lora.rank": 0,
+        "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity": "full",
+        "trainer.ref.language_model_only": False,
+        "trainer.algorithm.use_kl_loss": True,
+        "trainer.algorithm.use_kl_in_reward": False,
+        "generator.inference_engine.language_model_only": False,
+    },
+    decides=(Marker(("trainer",)),),
+    hints=(Marker(("generator",)),),
+    syncs_weights=True,
+    skyrl="rl",
+)

@@ -1,0 +1,158 @@
+"""The settings the rules read next to the flags, one reader each: the strategy, LoRA (and Bridge's ``VLMLoRA``
+switches), recompute, the peers' ``language_model_only``, the per-part learning rates' section, the weight sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig
+
+from bridge_freeze_plugin.config._layout_bridge import VLM_LORA_SWITCHES
+from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._run_settings import LoraSettings
+from bridge_freeze_plugin.config._values import IN_CONFIG, Setting, Source, as_yaml, section, select, type_label
+from bridge_freeze_plugin.config._yaml_overrides import brief
+from bridge_freeze_plugin.errors import FreezeFlagTypeError, PartLearningRateError
+from bridge_freeze_plugin.optim import looks_like_lr_key
+
+
+def _bool_setting(cfg: Any, key: str | None, source: Source, malformed: list[str]) -> Setting:
+    value = None if key is None else select(cfg, key)
+    if value is not None and not isinstance(value, bool):
+        malformed.append(f"{key} must be a boolean (true or false), got {as_yaml(value)!r}")
+    return Setting(bool(value), key, source(key) if key else IN_CONFIG)
+
+
+def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tuple[LoraSettings, Setting]:
+    key = f"{layout.lora}.{layout.lora_rank}"
+    present = select(cfg, layout.lora) is not None
+    lora = section(cfg, layout.lora)
+    if layout.lora_switch is not None:  # NeMo-RL: peft.enabled turns it on; its dim is then required
+        switch = f"{layout.lora}.{layout.lora_switch}"
+        enabled = lora.get(layout.lora_switch)
+        if enabled is not None and not isinstance(enabled, bool):
+            malformed.append(f"{switch} must be a boolean (true or false), got {as_yaml(enabled)!r}")
+        if enabled is not True:
+            return LoraSettings(), Setting(0, key, f"{switch} is not true: LoRA off ({source(switch)})")
+        if lora.get(layout.lora_rank) is None:
+            malformed.append(f"{key} must be set when {switch}=true ({layout.trainer} refuses LoRA without it)")
+            return LoraSettings(), Setting(None, key, source(key))
+    rank = lora.get(layout.lora_rank, layout.lora_default_rank if present else 0)
+    rank = 0 if rank is None else rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        malformed.append(f"{key} must be a non-negative integer (0: LoRA off), got {as_yaml(rank)!r}")
+        return LoraSettings(), Setting(rank, key, source(key))
+    target = lora.get("target_modules")
+    if target is not None and not isinstance(target, str) and not (
+            isinstance(target, list) and all(isinstance(t, str) for t in target)):
+        malformed.append(f"{layout.lora}.target_modules must be a module name or a list of them, got "
+                         f"{brief(repr(target))} ({type_label(target)})")
+        target = None
+    exclude = lora.get("exclude_modules")
+    exclude = [exclude] if isinstance(exclude, str) else exclude if isinstance(exclude, list) else []
+    settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
+                            target_modules=tuple(target) if isinstance(target, list) else target,
+                            exclude_modules=tuple(str(e) for e in exclude))
+    return settings, Setting(rank, key, source(key))
+
+
+def _lora_enable(layout: Layout) -> str:
+    if layout.lora_switch is not None:
+        return f"{layout.lora}.{layout.lora_switch}=true with {layout.lora}.{layout.lora_rank} > 0"
+    return f"{layout.lora}.{layout.lora_rank} > 0"
+
+
+def _vlm_lora(cfg: Any, layout: Layout, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
+    """Bridge's ``VLMLoRA`` switches (``peft.freeze_*``, true when not written: its defaults), if that is the class."""
+    if not lora.enabled or select(cfg, f"{layout.lora}._target_") not in layout.vlm_lora_targets:
+        return None
+    values = section(cfg, layout.lora)
+    out = {}
+    for flag in VLM_LORA_SWITCHES:
+        key = f"{layout.lora}.{flag}"
+        value = values.get(flag, True)
+        if not isinstance(value, bool):
+            raise FreezeFlagTypeError(f"{key} (VLMLoRA's own switch) must be a boolean (true or false), got "
+                                      f"{as_yaml(value)!r}")
+        out[flag] = Setting(value, key, source(key) if flag in values else "VLMLoRA's default")
+    return out
+
+
+def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | None]:
+    """The strategy setting and, when the flags cannot apply under it, why (from the layout's notes)."""
+    if layout.strategy_switches:  # NeMo-RL: the backend whose `enabled` switch is true
+        on = [(key, name) for key, name in layout.strategy_switches if select(cfg, key) is True]
+        value = "+".join(name for _, name in on) or None
+        key = on[0][0] if len(on) == 1 else layout.strategy_switches[0][0]
+        return Setting(value, key, source(key)), layout.strategy_notes.get(value) if value is not None else None
+    strategy = select(cfg, layout.strategy) if layout.strategy else layout.fixed_strategy
+    value = None if strategy is None else str(strategy)
+    where = source(layout.strategy) if layout.strategy else f"always, in the {layout.title} layout"
+    return Setting(value, layout.strategy, where), layout.strategy_notes.get(value) if value is not None else None
+
+
+def _switches_shown(cfg: Any, layout: Layout, source: Source) -> str | None:
+    """The backend switches that are on, as written (``policy.dtensor_cfg.enabled=true (sft.yaml)``)."""
+    if not layout.strategy_switches:
+        return None
+    on = [Setting(True, key, source(key)).written + f" (the {name} backend)"
+          for key, name in layout.strategy_switches if select(cfg, key) is True]
+    return " and ".join(on) or None
+
+
+def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
+    out = []
+    for key in layout.recompute:
+        value = select(cfg, key)
+        switch = layout.recompute_switches.get(key)
+        if switch is not None and value is not None and select(cfg, switch) is not True:
+            # the trainer applies it only when the switch is on (NeMo-RL: activation_checkpointing)
+            out.append(Setting(None, key, f"{as_yaml(value)} written, not applied: {switch} is not true"))
+            continue
+        out.append(Setting(value, key, source(key)))
+    return tuple(out)
+
+
+def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting], ...]:
+    """The other components' language_model_only, for those the config writes and that are used."""
+    out = []
+    for peer in layout.peers:
+        value = select(cfg, peer.key)
+        used = not peer.used_when or any(select(cfg, k) is True for k in peer.used_when)
+        if value is not None and used:
+            out.append((peer.what, Setting(value, peer.key, source(peer.key))))
+    return tuple(out)
+
+
+def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The mapping the layout's runs read per-part learning rates from (an applied one only)."""
+    if layout.learning_rates_refused is not None:
+        return {}  # any LR key was refused while walking the config
+    if layout.lr_section == layout.flags:
+        return flags
+    lrs = section(cfg, layout.lr_section)
+    if not layout.learning_rates_targets:
+        return lrs
+    asked = [str(k) for k, v in lrs.items() if looks_like_lr_key(k) and v is not None]
+    target = lrs.get("_target_")
+    if target in layout.learning_rates_targets:
+        return lrs
+    if asked:
+        raise PartLearningRateError(
+            f"{layout.lr_section}.{asked[0]} is set, but {layout.lr_section}._target_ is {as_yaml(target)}, which "
+            f"applies no per-part learning rate, so it would never apply. Set {layout.lr_section}._target_: "
+            f"{layout.learning_rates_targets[0]}"
+        )
+    return {}
+
+
+def _syncs_weights(cfg: Any, layout: Layout) -> bool:
+    if layout.syncs_weights:
+        return True
+    return any(_has(cfg, key) for key in layout.syncs_weights_with)
+
+
+def _has(cfg: Any, key: str) -> bool:
+    return key in cfg if isinstance(cfg, DictConfig | Mapping) else False

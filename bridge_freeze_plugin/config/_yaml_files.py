@@ -1,0 +1,100 @@
+"""Reading a YAML config file safely: a regular file of bounded size (:data:`._yaml_overrides.MAX_FILE_BYTES`), its
+YAML checked before anything expands it (:func:`._yaml_overrides.check_yaml`), a mapping at the top, loaded as
+OmegaConf loads it (SkyRL's dumped enum tags read as their values)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bridge_freeze_plugin.config import _yaml_tags as enum_tags
+from bridge_freeze_plugin.config._yaml_overrides import MAX_FILE_BYTES, brief, check_yaml
+from bridge_freeze_plugin.errors import ConfigLoadError
+
+
+def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
+    """The mapping at the top of a YAML file; an error for a directory, an empty file, ``null`` or a scalar."""
+    file = Path(path)
+    shown_path = brief(os.fspath(path))
+    try:
+        if file.is_dir():
+            raise ConfigLoadError(f"{shown_path} is a directory, not a config file: give the YAML file inside it")
+        if not file.exists():
+            raise ConfigLoadError(f"no such config file: {shown_path}")
+        if not file.is_file():
+            raise ConfigLoadError(f"{shown_path} is not a regular file (a device, a pipe...): give a YAML file")
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigLoadError(f"{shown_path} holds {size} bytes; a config file holds at most {MAX_FILE_BYTES} "
+                                  "(real ones hold kilobytes): check that this is the config")
+        text = file.read_text(encoding="utf-8")
+    except ConfigLoadError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name; UnicodeDecodeError is one too
+        raise ConfigLoadError(f"cannot read {shown_path}: {brief(exc)}") from exc
+    check_yaml(text, shown_path)
+    try:
+        data = enum_tags.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigLoadError(f"{shown_path} is not valid YAML: {brief(exc)}") from exc
+    if data is None:
+        what = "is empty" if not text.strip() or all(
+            not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
+        ) else "holds null"
+        raise ConfigLoadError(
+            f"{shown_path} {what}: a config holds a mapping of settings at the top level; for a run configured on "
+            "the command line only, give the overrides without a file"
+        )
+    if not isinstance(data, dict):
+        raise ConfigLoadError(
+            f"{shown_path} holds a {type(data).__name__} ({str(data)[:40]!r}) at the top level, not a mapping of "
+            "settings (key: value lines)"
+        )
+    try:
+        cfg = OmegaConf.create(_omegaconf_values(_load_as_omegaconf(text)))
+    except RecursionError:
+        raise ConfigLoadError(f"{shown_path} nests too deep to load (mappings and lists): flatten it") from None
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise ConfigLoadError(f"cannot load {shown_path}: {brief(exc)}") from exc
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def _load_as_omegaconf(text: str) -> Any:
+    """``text`` loaded by OmegaConf's own YAML loader (a safe loader: no Python tag is ever constructed; its float
+    and duplicate-key rules), as plain Python: what ``OmegaConf.create(text)`` reads, before it checks types."""
+    import omegaconf
+
+    module = getattr(omegaconf, "_yaml", None) or getattr(omegaconf, "_utils", None)
+    loader = getattr(module, "get_yaml_loader", None)
+    if loader is None:  # an OmegaConf without it: its own reading of the text
+        return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    return yaml.load(text, Loader=enum_tags.with_enum_values(loader()))  # OmegaConf's: a SafeLoader subclass
+
+
+def _omegaconf_values(value: Any) -> Any:
+    """``value`` with what YAML's safe schema builds but OmegaConf cannot hold made plain: a set (``!!set``, as
+    Bridge writes a PEFT's ``params_to_save``) becomes its sorted list, a date or a timestamp its ISO text."""
+    import datetime
+
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in list(items):
+            if isinstance(child, set | frozenset):
+                child = sorted(child, key=lambda item: (type(item).__name__, str(item)))
+            elif isinstance(child, datetime.date):
+                child = child.isoformat()
+            else:
+                if isinstance(child, dict | list):
+                    stack.append(child)
+                continue
+            node[key] = child
+            stack.append(child)
+    return value
