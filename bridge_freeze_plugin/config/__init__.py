@@ -13,8 +13,11 @@
   into :class:`RunSettings` (:mod:`._run_settings`) by job: values and their sources (:mod:`._values`), the flags and
   patterns (:mod:`._flags`), keys written where they are not read (:mod:`._misplaced`), the other settings
   (:mod:`._setting_readers`);
+- :mod:`._conversion_cache`, :mod:`._saved_provider`: NeMo-RL's conversion cache (the provider a run builds from)
+  and the flag values it holds for the flags a config does not write;
 - :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
-- :mod:`._rules`: the freeze rules over those settings; :mod:`._lora_rules`: the LoRA rules; :mod:`._checks`: the
+- :mod:`._rules`: the freeze rules over those settings; :mod:`._lora_rules`: the LoRA rules (and
+  :mod:`._lora_targets`: which plain ``torch.nn.Linear`` modules a LoRA target reaches); :mod:`._checks`: the
   check, stage by stage (config rules, provider and family, LoRA rules, full recompute);
 - :mod:`._validation`: the entry points (:func:`validate_config`, :func:`load_run`...).
 
