@@ -234,22 +234,3 @@ def _restore_model_parallel_state() -> None:
     if dist.is_initialized():
         init_cpu_distributed(world_size=dist.get_world_size(), rank=dist.get_rank())
 
-
-#: Megatron-core's auxiliary-loss scalers keep the first loss scale a process sets as a class attribute and
-#: ``copy_`` every later one into it; a job trains once, but a test process trains many configurations, and a
-#: scale of shape ``[]`` left by one cannot take a later ``[1]`` ("output with shape [] doesn't match the
-#: broadcast shape [1]"). Each training starts from a fresh process's value, ``None``.
-_LOSS_SCALERS = (
-    ("megatron.core.transformer.moe.moe_utils", "MoEAuxLossAutoScaler"),
-    ("megatron.core.transformer.multi_token_prediction", "MTPLossAutoScaler"),
-    ("megatron.core.transformer.experimental_attention_variant.dsa", "DSAIndexerLossAutoScaler"),
-)
-
-
-def _fresh_loss_scales() -> None:
-    import sys
-
-    for module_name, class_name in _LOSS_SCALERS:  # a module not imported yet still holds its initial None
-        scaler = getattr(sys.modules.get(module_name), class_name, None)
-        if scaler is not None and hasattr(scaler, "main_loss_backward_scale"):
-            scaler.main_loss_backward_scale = None

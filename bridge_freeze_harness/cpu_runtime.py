@@ -109,3 +109,29 @@ def cpu_distributed(**kwargs: int) -> Iterator[None]:
         yield
     finally:
         destroy_cpu_distributed()
+
+
+#: Megatron-core keeps some training state per process, as module or class attributes: the auxiliary-loss scalers
+#: keep the first loss scale set and ``copy_`` every later one into it (a ``[]`` scale left by one run cannot take a
+#: later ``[1]``: "output with shape [] doesn't match the broadcast shape [1]"), and the MoE metrics tracker sizes
+#: each metric by the first model's layer count (a later, deeper model: "index 2 is out of bounds"). A job builds
+#: one model; a test process builds many. Each forward / training in the harness starts from a fresh process's state.
+_LOSS_SCALERS = (
+    ("megatron.core.transformer.moe.moe_utils", "MoEAuxLossAutoScaler"),
+    ("megatron.core.transformer.multi_token_prediction", "MTPLossAutoScaler"),
+    ("megatron.core.transformer.experimental_attention_variant.dsa", "DSAIndexerLossAutoScaler"),
+)
+_MOE_METRICS = "megatron.core.transformer.moe.moe_logging"
+
+
+def fresh_training_state() -> None:
+    """Megatron-core's per-process training state as a fresh process has it (a module not imported yet has it)."""
+    import sys
+
+    for module_name, class_name in _LOSS_SCALERS:
+        scaler = getattr(sys.modules.get(module_name), class_name, None)
+        if scaler is not None and hasattr(scaler, "main_loss_backward_scale"):
+            scaler.main_loss_backward_scale = None
+    destroy = getattr(sys.modules.get(_MOE_METRICS), "destroy_moe_metrics_tracker", None)
+    if destroy is not None:
+        destroy()

@@ -55,12 +55,12 @@ from bridge_freeze_harness._bridge_steps import (
 from bridge_freeze_harness._cpu_patches import (
     CpuStream,
     _bridge_patches,
-    _fresh_loss_scales,
     _logging_levels_kept,
     _optimizer_patches,
     _restore_model_parallel_state,
     _torch_patches,
 )
+from bridge_freeze_harness.cpu_runtime import fresh_training_state
 from bridge_freeze_harness.patching import patched
 
 #: The public names, some defined in the private helpers :mod:`._bridge_steps` and :mod:`._cpu_patches`.
@@ -103,7 +103,7 @@ def cpu_training(name: str = "qwen3_vl") -> Iterator[None]:
     with build_context(name), forward_patches(name):
         import megatron.bridge.training.pretrain  # noqa: F401 - through the stub, before any patch reads it
 
-        _fresh_loss_scales()
+        fresh_training_state()
         try:
             with _logging_levels_kept(), patched([*_bridge_patches(), *_torch_patches(), *_optimizer_patches()]):
                 yield

@@ -194,8 +194,10 @@ def forward_patches(name: str | None = None, device: str | None = None) -> Itera
     Run a forward AND its ``backward()`` inside (or use :func:`bridge_freeze_harness.train.loss_fn` /
     :func:`bridge_freeze_harness.train.forward_backward`). ``device`` as in :func:`cpu_forward_patches`.
     """
+    from bridge_freeze_harness.cpu_runtime import fresh_training_state
     from bridge_freeze_harness.tiny import family_module
 
     module = family_module(name) if name is not None else None
+    fresh_training_state()
     with cpu_forward_patches(device), module_patches(module, "forward_patches"):
         yield

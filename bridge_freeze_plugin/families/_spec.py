@@ -282,7 +282,6 @@ class FamilySpec:
             "full_recompute_affects": list(self.full_recompute_affects),
             "plain_linear": list(self.plain_linear),
             "source": self.source,
-            **({"layouts": {layout.provider: {part.value: list(variant.prefixes(part)) for part in variant.part_names()}
-                            for layout, variant in zip(self.layouts, self._variants, strict=True)}}
-               if self.layouts else {}),
+            "layouts": {layout.provider: {part.value: list(variant.prefixes(part)) for part in variant.part_names()}
+                        for layout, variant in zip(self.layouts, self._variants, strict=True)},
         }

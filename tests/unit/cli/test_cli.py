@@ -43,7 +43,7 @@ def test_families_json_lists_every_builtin_with_its_prefixes():
 
 
 DOCS_CLI = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
-JSON_TYPES = {"str": str, "bool": bool, "list[str]": list, "list[object]": list}
+JSON_TYPES = {"str": str, "bool": bool, "list[str]": list, "list[object]": list, "object": dict}
 
 
 def _documented_keys(heading: str) -> dict[str, str]:

@@ -117,20 +117,34 @@ def test_vlm_step_hands_the_model_every_media_key_of_the_sample(family):
         assert torch.equal(passed[key], torch.cat([s[key] for s in samples])), key
 
 
-def test_each_training_starts_from_a_fresh_processs_aux_loss_scale(cpu_bridge):
-    """megatron-core keeps the first MoE aux-loss scale a process sets and copies later ones into it: a ``[]`` scale
-    left by one training made every later MoE finetune fail ("output with shape [] doesn't match the broadcast
-    shape [1]") in a test worker that had trained before. The harness starts each training from ``None``."""
+def test_each_training_and_forward_starts_from_a_fresh_processs_moe_state(cpu_bridge):
+    """megatron-core keeps per-process MoE state: the first aux-loss scale a process sets (later ones are copied into
+    it: a ``[]`` scale left by one training made every later MoE finetune in that test worker fail with "output with
+    shape [] doesn't match the broadcast shape [1]") and a metrics tracker sized by the first model's layer count (a
+    deeper model's forward later: "index 2 is out of bounds"). The harness starts each training and each forward
+    from a fresh process's state."""
     import torch
+    from megatron.core.transformer.moe import moe_logging
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     from bridge_freeze_harness.cpu_training import cpu_training
+    from bridge_freeze_harness.forward import forward_patches
 
-    MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(1.0)
+    def poison() -> None:
+        MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(1.0)
+        moe_logging.get_moe_metrics_tracker().record("load_balancing_loss", torch.tensor(1.0), 1, 1)
+
     try:
+        poison()
         with cpu_training("qwen3_vl"):
             assert MoEAuxLossAutoScaler.main_loss_backward_scale is None
             MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1))  # what Bridge's step sets, shape [1]
             assert MoEAuxLossAutoScaler.main_loss_backward_scale.shape == (1,)
+            moe_logging.get_moe_metrics_tracker().record("load_balancing_loss", torch.tensor(1.0), 3, 3)
+        poison()
+        with forward_patches("qwen3_vl"):
+            assert MoEAuxLossAutoScaler.main_loss_backward_scale is None
+            moe_logging.get_moe_metrics_tracker().record("load_balancing_loss", torch.tensor(1.0), 3, 3)
     finally:
         MoEAuxLossAutoScaler.main_loss_backward_scale = None
+        moe_logging.destroy_moe_metrics_tracker()
