@@ -131,18 +131,7 @@ def trainable_conversion_tasks(
 
     chunks = unwrap_model(model if isinstance(model, list) else [model])
     model_bridge = bridge._model_bridge  # a fresh MegatronModelBridge, as export_hf_weights uses
-    if conversion_tasks is None:
-        if weight_dtype is not None and not accepts(model_bridge.build_conversion_tasks, "weight_dtype"):
-            raise TrainableSyncError(
-                f"a trainable-only export of {_describe(bridge)} with weight_dtype={weight_dtype}: this "
-                f"Megatron-Bridge ({bridge_version()[0]}) cannot cast its export (its build_conversion_tasks takes no "
-                "weight_dtype); leave weight_dtype out (each tensor is sent in the dtype the model holds it in) "
-                "and cast what you receive, or use a Bridge of 0.6.2 or newer"
-            )
-        tasks = list(call_accepted(model_bridge.build_conversion_tasks, bridge.hf_pretrained, chunks,
-                                   weight_dtype=weight_dtype))
-    else:
-        tasks = list(conversion_tasks)
+    tasks = _all_tasks(bridge, chunks, weight_dtype) if conversion_tasks is None else list(conversion_tasks)
     adapter_tasks = model_bridge.build_adapter_conversion_tasks(chunks) if merge_adapter_weights else {}
 
     untasked = untasked_trainable(model_bridge, chunks, tasks, adapter_tasks) if require_every_trainable else []
@@ -151,7 +140,34 @@ def trainable_conversion_tasks(
     if anywhere:  # on every rank, so that none waits in a collective for a rank that raised
         raise TrainableSyncError(untasked_message(_describe(bridge), chunks, untasked, anywhere))
     marks = [_changes(task, adapter_tasks, merge_adapter_weights) for task in tasks]
-    marks = _any_rank(dist, device, group, marks)
+    marks = _closed_over_links(bridge, tasks, _any_rank(dist, device, group, marks), dist, device, group)
+    kept = [task for task, keep in zip(tasks, marks, strict=True) if keep and task is not None]
+    logger.debug(
+        "trainable sync of %s: %d of %d conversion tasks", _describe(bridge), len(kept),
+        sum(task is not None for task in tasks),
+    )
+    return kept
+
+
+
+def _all_tasks(bridge: Any, chunks: list[Any], weight_dtype: Any) -> list[Any]:
+    """Bridge's conversion tasks of ``chunks``, cast to ``weight_dtype`` where the installed Bridge can."""
+    model_bridge = bridge._model_bridge
+    if weight_dtype is not None and not accepts(model_bridge.build_conversion_tasks, "weight_dtype"):
+        raise TrainableSyncError(
+            f"a trainable-only export of {_describe(bridge)} with weight_dtype={weight_dtype}: this "
+            f"Megatron-Bridge ({bridge_version()[0]}) cannot cast its export (its build_conversion_tasks takes no "
+            "weight_dtype); leave weight_dtype out (each tensor is sent in the dtype the model holds it in) "
+            "and cast what you receive, or use a Bridge of 0.6.2 or newer"
+        )
+    return list(call_accepted(model_bridge.build_conversion_tasks, bridge.hf_pretrained, chunks,
+                              weight_dtype=weight_dtype))
+
+
+def _closed_over_links(bridge: Any, tasks: list[Any], marks: list[bool], dist: Any, device: Any,
+                       group: Any) -> list[bool]:
+    """``marks`` widened to every task linked to a marked one (tasks that export one HF tensor together), agreed
+    between the ranks of ``group`` until no rank adds one."""
     links = _linked_tasks(tasks)
     for _ in range(_MAX_ROUNDS):
         # links[i] is one shared set per group: decide each group once (a 235B MoE: 25,000 tasks in groups of 128)
@@ -162,19 +178,12 @@ def trainable_conversion_tasks(
         closed = [marks[i] or group_marked[id(links[i])] for i in range(len(tasks))]
         closed = _any_rank(dist, device, group, closed)
         if closed == marks:
-            break
+            return marks
         marks = closed
-    else:
-        raise TrainableSyncError(
-            f"the trainable tasks of {_describe(bridge)} did not settle in {_MAX_ROUNDS} rounds of agreement "
-            "between ranks; send everything (everything=True) and report this model"
-        )
-    kept = [task for task, keep in zip(tasks, marks, strict=True) if keep and task is not None]
-    logger.debug(
-        "trainable sync of %s: %d of %d conversion tasks", _describe(bridge), len(kept),
-        sum(task is not None for task in tasks),
+    raise TrainableSyncError(
+        f"the trainable tasks of {_describe(bridge)} did not settle in {_MAX_ROUNDS} rounds of agreement "
+        "between ranks; send everything (everything=True) and report this model"
     )
-    return kept
 
 
 def _describe(bridge: Any) -> str:

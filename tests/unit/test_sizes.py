@@ -21,13 +21,13 @@ FOLDERS = [
     "bridge_freeze_plugin/planning",
     "bridge_freeze_plugin/cli",
     "bridge_freeze_plugin/config",
+    "bridge_freeze_plugin/export",
+    "bridge_freeze_plugin/prewrap",
     "bridge_freeze_harness",
 ]
 #: The folders still to split; once one complies, move its line to FOLDERS. Every folder is in one of the two lists.
 TO_DO = [
     "bridge_freeze_plugin/activation",
-    "bridge_freeze_plugin/export",
-    "bridge_freeze_plugin/prewrap",
 ]
 
 
