@@ -8,7 +8,9 @@ family module. Two of its module-level assignments name what it provides, and ar
   configuration named after the module, built by ``make_provider``;
 - ``FAMILY = "<registry family name>"``; absent, the module's name.
 
-The rest of the protocol (patches, training) is read from the imported module; see the package docstring.
+The rest of the protocol (patches, training, the HF checkpoint recipe, the forward step) is read from the imported
+module; see the package docstring. :class:`Declared` collects one of its per-configuration tables (``HF_CHECKPOINTS``,
+``NO_HF_CHECKPOINT``, ``FORWARD_STEPS``) from every family module.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 PACKAGE = "bridge_freeze_harness.tiny"
 _DIR = Path(__file__).resolve().parent
@@ -107,3 +110,37 @@ class TinyIndex(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"TinyIndex({dict(self)!r})"
+
+
+@functools.cache
+def declared(attr: str) -> dict[str, Any]:
+    """Tiny configuration name -> its value in the dict ``attr`` of its family module, every family module (imported)
+    that defines ``attr``; a module may declare only its own configurations."""
+    found: dict[str, Any] = {}
+    for module in sorted({item.module for item in entries().values()}):
+        table = getattr(importlib.import_module(f"{PACKAGE}.{module}"), attr, {})
+        for name, value in table.items():
+            if entries().get(name, Entry("", "", "")).module != module:
+                raise ValueError(f"{module}.{attr} declares {name!r}, which is not one of its tiny configurations")
+            found[name] = value
+    return found
+
+
+class Declared(Mapping[str, Any]):
+    """Read-only mapping tiny configuration name -> what its family module declares in its dict ``attr``
+    (:func:`declared`, collected on first use)."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def __getitem__(self, name: str) -> Any:
+        return declared(self.attr)[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(declared(self.attr))
+
+    def __len__(self) -> int:
+        return len(declared(self.attr))
+
+    def __repr__(self) -> str:
+        return f"Declared({self.attr!r}: {sorted(self)!r})"
