@@ -6,8 +6,8 @@ under ``bridge_freeze_plugin/families/`` and a tiny module under ``bridge_freeze
 and checks in a fresh interpreter that every place that reads family data finds the toy's: the registry and the
 freeze, the provider flag defaults ``check-config`` reports for a NeMo-RL conversion cache, the offline reading of
 its remote-code config by ``plan``, the harness's index, its HF checkpoint recipe and its forward step. The other
-two homes of a family are the tests' independent expectations (one entry in ``tests/unit/_family_parts.py``, which
-never reads the registry: checked below) and its row in ``docs/families.md``. Modelled on the parts vocabulary
+two homes of a family are the tests' independent expectations (its entries in ``tests/unit/_family_parts.py``,
+which never reads the registry: checked below) and its row in ``docs/families.md``. Modelled on the parts vocabulary
 test's sixth part (``tests/unit/request/test_parts_vocabulary.py``).
 """
 
@@ -26,7 +26,8 @@ import bridge_freeze_harness
 import bridge_freeze_plugin
 
 ROOT = Path(__file__).resolve().parents[3]
-NEMO_RL_GRPO = ROOT / "tests" / "fixtures" / "configs" / "nemo_rl" / "examples" / "configs" / "vlm_grpo_3B_megatron.yaml"
+NEMO_RL_GRPO = ROOT / "tests" / "fixtures" / "configs" / "nemo_rl" / "examples" / "configs" / \
+    "vlm_grpo_3B_megatron.yaml"
 
 #: The plugin's family module of the toy family: data only, as every family module.
 TOY_FAMILY = textwrap.dedent('''
@@ -154,7 +155,7 @@ def test_a_toy_family_is_two_new_modules_and_the_machinery_reads_their_declarati
     assert out["flag_defaults"] == ["freeze_vision_model"]
     assert out["trainable"] == ["language_model.bias", "language_model.weight", "projector.bias", "projector.weight"]
     code, family, trained, sources = out["check_config"]
-    assert family == "toy_vl" and trained == ["language_model", "vision_projection"], out["check_config"]
+    assert code == 0 and family == "toy_vl" and trained == ["language_model", "vision_projection"], out["check_config"]
     assert any("WARNING: Bridge's own default" in s for s in sources.values()), sources
     assert out["offline"] == ["LlamaConfig", 64]
     assert out["tiny"] == "toy_vl"
