@@ -18,7 +18,8 @@ module: the index (:mod:`._index`) is derived from the modules themselves. A fam
 - ``TRAIN_SPECS`` (a dict: configuration name -> :class:`~bridge_freeze_harness.batches.TrainSpec`), or
   ``CANNOT_TRAIN`` (a one-line reason why the family cannot run a forward on the CPU);
 - ``HF_CHECKPOINTS`` (a dict: configuration name -> :class:`~bridge_freeze_harness._hf_configs.HFFamily`, its tiny
-  Hugging Face checkpoint recipe), or ``NO_HF_CHECKPOINT`` (configuration name -> why none can be written here);
+  Hugging Face checkpoint recipe), or ``NO_HF_CHECKPOINT`` (a dict literal: configuration name -> why none can be
+  written here, read from the source);
   collected by :mod:`bridge_freeze_harness.hf_checkpoint`;
 - ``FORWARD_STEPS`` (optional, a dict: configuration name -> the
   :class:`~bridge_freeze_harness.cpu_training.BridgeStep` that trains it in Bridge's loop; default: ``vlm_step``'s),

@@ -10,7 +10,8 @@ family module. Two of its module-level assignments name what it provides, and ar
 
 The rest of the protocol (patches, training, the HF checkpoint recipe, the forward step) is read from the imported
 module; see the package docstring. :class:`Declared` collects one of its per-configuration tables (``HF_CHECKPOINTS``,
-``NO_HF_CHECKPOINT``, ``FORWARD_STEPS``) from every family module.
+``NO_HF_CHECKPOINT``, ``FORWARD_STEPS``) from every family module; ``NO_HF_CHECKPOINT`` (reasons, a literal) is read
+from the source as ``CONFIGS`` and ``FAMILY`` are, so that listing the families without a checkpoint imports nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 
 PACKAGE = "bridge_freeze_harness.tiny"
 _DIR = Path(__file__).resolve().parent
+#: The module-level literals read from a family module's source.
+_LITERALS = ("CONFIGS", "FAMILY", "NO_HF_CHECKPOINT")
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,13 @@ class Entry:
 
 
 def _literals(path: Path) -> dict[str, object]:
-    """Module-level ``NAME = <literal>`` assignments of ``CONFIGS`` and ``FAMILY`` in ``path``."""
+    """Module-level ``NAME = <literal>`` assignments of :data:`_LITERALS` in ``path``."""
     found: dict[str, object] = {}
     for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                if isinstance(target, ast.Name) and target.id in ("CONFIGS", "FAMILY") and node.value is not None:
+                if isinstance(target, ast.Name) and target.id in _LITERALS and node.value is not None:
                     found[target.id] = ast.literal_eval(node.value)
     return found
 
@@ -114,11 +117,15 @@ class TinyIndex(Mapping[str, str]):
 
 @functools.cache
 def declared(attr: str) -> dict[str, Any]:
-    """Tiny configuration name -> its value in the dict ``attr`` of its family module, every family module (imported)
-    that defines ``attr``; a module may declare only its own configurations."""
+    """Tiny configuration name -> its value in the dict ``attr`` of its family module, every family module (imported,
+    or read from its source for a literal table) that defines ``attr``; a module may declare only its own
+    configurations."""
     found: dict[str, Any] = {}
     for module in sorted({item.module for item in entries().values()}):
-        table = getattr(importlib.import_module(f"{PACKAGE}.{module}"), attr, {})
+        if attr in _LITERALS:
+            table = _literals(_DIR / f"{module}.py").get(attr, {})
+        else:
+            table = getattr(importlib.import_module(f"{PACKAGE}.{module}"), attr, {})
         for name, value in table.items():
             if entries().get(name, Entry("", "", "")).module != module:
                 raise ValueError(f"{module}.{attr} declares {name!r}, which is not one of its tiny configurations")
