@@ -40,11 +40,12 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
   patches), :mod:`._mamba_cpu` (a pure-PyTorch Mamba-2 scan for mamba-ssm's CUDA-only training kernel),
   :mod:`.train` (a few AdamW steps);
 - Bridge's real training loop: :mod:`.cpu_training` (``pretrain()`` / ``finetune()`` on a CPU), :mod:`._cpu_patches`
-  (its CUDA-to-CPU patches), :mod:`._bridge_steps` (Bridge's forward steps per family, their batch layouts, the
-  synthetic dataset), :mod:`._visual_inputs` (Bridge's ``GenericVisualInputs`` with a model input it lacks, for
-  vlm_step), :mod:`.run_records` (a recording callback, checkpoints read back);
+  (its CUDA-to-CPU patches), :mod:`._bridge_steps` (Bridge's forward steps, those the family modules declare
+  collected, their batch layouts, the synthetic dataset), :mod:`._visual_inputs` (Bridge's ``GenericVisualInputs``
+  with a model input it lacks, for vlm_step), :mod:`.run_records` (a recording callback, checkpoints read back);
 - the user's flow: :mod:`.hf_checkpoint` (tiny random HF checkpoints, the CPU provider Bridge converts them to),
-  :mod:`._hf_configs` (each family's tiny HF config and CPU provider fields), :mod:`._grouped_experts` (the CPU
+  :mod:`._hf_configs` (``HFFamily``, the HF checkpoint recipe each family module declares, and the
+  tiny HF text fields the recipes share), :mod:`._grouped_experts` (the CPU
   stand-in for TE's grouped-GEMM experts), :mod:`._grouped_sharding` (its torch_dist keys),
   :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``), :mod:`._hf_compare` (its exported
   tensors against the input checkpoint's);

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from bridge_freeze_harness._visual_inputs import visual_inputs_with
+from bridge_freeze_harness.tiny._index import Declared
 
 
 def _cat(samples: list[dict[str, Any]], key: str, dim: int = 0) -> torch.Tensor:
@@ -126,22 +127,9 @@ QWEN_OMNI_STEP = BridgeStep(
     collate=_named_keys_batch,
 )
 
-#: tiny configuration -> Bridge's forward step that trains it, where that is not :data:`VLM_STEP`.
-FORWARD_STEPS: dict[str, BridgeStep] = {
-    # Bridge 0.6.2 has no step (nor recipe) of its own for Qwen2.5-Omni; its Qwen3-Omni step fits the model:
-    # Qwen25OmniModel.forward takes the same keywords (input_ids, labels, loss_mask, the media keys above).
-    "qwen25_omni": QWEN_OMNI_STEP,
-    # One audio clip per micro-batch: with two or more, Bridge 0.6.2's Qwen3OmniThinkerModel.get_audio_features
-    # splits the encoder's output with the wrong per-clip lengths and raises "Audio features and audio tokens do
-    # not match" (tiny/qwen3_omni.py, train_batch). A micro-batch of one sample is what works.
-    "qwen3_omni": replace(QWEN_OMNI_STEP, max_micro_batch=1),
-    # Ernie45VLModel.forward routes each token to the text or the vision expert pool by moe_mm_token_type_ids;
-    # without it every token goes to the text pool (ernie_moe_layer.py:204-211) and the vision pool never trains.
-    "ernie45_vl": vlm_step_with("moe_mm_token_type_ids"),
-    # Gemma4VLModel.forward takes the audio as input_features next to the image; Bridge 0.6.2's own Gemma4 collate
-    # (gemma4_vl_collate_fn -> GenericVisualInputs) drops it, so audio_tower / embed_audio would get no gradient.
-    "gemma4_vl": vlm_step_with("input_features"),
-}
+#: tiny configuration -> Bridge's forward step that trains it, where that is not :data:`VLM_STEP`: each family module's
+#: ``FORWARD_STEPS`` (:mod:`bridge_freeze_harness.tiny`), collected on first use.
+FORWARD_STEPS: Mapping[str, BridgeStep] = Declared("FORWARD_STEPS")
 
 
 def forward_step_of(family: str) -> BridgeStep:
@@ -176,12 +164,12 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
         if unknown:
             raise NotImplementedError(
                 f"the synthetic batch of {self.family!r} has {sorted(unknown)}, which {self.step.function} does not "
-                "carry to the model; give the family another BridgeStep (cpu_training.FORWARD_STEPS)")
+                "carry to the model; give the family another BridgeStep (FORWARD_STEPS in its tiny module)")
         return sample
 
     def collate_fn(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         limit = self.step.max_micro_batch
         if limit is not None and len(samples) > limit:
             raise ValueError(f"{self.family!r} trains with at most {limit} sample(s) per micro-batch here, got "
-                             f"{len(samples)} (cpu_training.FORWARD_STEPS says why)")
+                             f"{len(samples)} (FORWARD_STEPS in its tiny module says why)")
         return self.step.collate(samples)

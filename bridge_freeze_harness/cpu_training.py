@@ -26,7 +26,8 @@ brought back up (other tests in the session build models on it). The context inc
 (:func:`bridge_freeze_harness.tiny.build_context`: TE specs swapped for local ones) and the CPU forward patches
 (:func:`bridge_freeze_harness.forward.forward_patches`), because ``setup()`` builds the model and ``train()`` runs
 forwards. The data comes from :class:`SyntheticVLMDataset` (the harness's synthetic batches in the layout of
-the family's Bridge forward step, :data:`FORWARD_STEPS`: ``megatron/bridge/training/vlm_step.py`` for most, the
+the family's Bridge forward step, :data:`FORWARD_STEPS` (each tiny module declares its own):
+``megatron/bridge/training/vlm_step.py`` for most, the
 Qwen-Omni ones ``models/qwen_omni/qwen3_omni_step.py``), since Bridge's mock VLM dataset loads a processor from
 the model hub.
 

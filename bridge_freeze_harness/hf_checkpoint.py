@@ -19,50 +19,27 @@ checkpoint to start from without the model hub:
 A family whose HF class transformers 5.12.1 lacks but Bridge vendors (Qwen3-ASR) names that class's module
 (``model_module``) and the patches that close its transformers-5 gaps (``model_patches``, entered by
 :func:`hf_model_context` around every build, load and forward of it). Families whose Hugging Face checkpoint
-cannot be written offline are in :data:`NO_HF_CHECKPOINT`, with the reason. The per-family config builders are in
-:mod:`._hf_configs`, the CPU stand-in for TE's grouped-GEMM experts in :mod:`._grouped_experts`. Who imports this
-package, and why: :mod:`bridge_freeze_harness`.
+cannot be written offline are in :data:`NO_HF_CHECKPOINT`, with the reason. Each family module of
+:mod:`bridge_freeze_harness.tiny` declares its recipes (``HF_CHECKPOINTS``: configuration -> :class:`HFFamily`, from
+:mod:`._hf_configs`) or its reason (``NO_HF_CHECKPOINT``); this module collects them. The CPU stand-in for TE's
+grouped-GEMM experts is in :mod:`._grouped_experts`. Who imports this package, and why: :mod:`bridge_freeze_harness`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bridge_freeze_harness._grouped_experts import grouped_experts_on_cpu
-from bridge_freeze_harness._hf_configs import (
-    _QWEN2_AUDIO_NAMES,
-    _ernie45_vl,
-    _exaone45_vl,
-    _gemma3_cpu,
-    _gemma3_vl,
-    _gemma4_vl,
-    _glm45v,
-    _glm45v_cpu,
-    _minimax_cpu,
-    _minimax_m3_vl,
-    _ministral3,
-    _omni_speakers,
-    _qwen2_audio,
-    _qwen3_asr,
-    _qwen3_asr_patches,
-    _qwen3_vl,
-    _qwen3_vl_moe,
-    _qwen25_cpu,
-    _qwen25_vl,
-    _qwen35_cpu,
-    _qwen35_vl,
-    _qwen35_vl_moe,
-    _tiny_hf_config,
-)
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.cpu_runtime import CPU_FUSIONS_OFF
 from bridge_freeze_harness.tiny._common import TINY_LM
+from bridge_freeze_harness.tiny._index import Declared
 
 logger = logging.getLogger(__name__)
 
@@ -90,80 +67,13 @@ _CPU_FIELDS: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class HFFamily:
-    """How to write one tiny configuration's HF checkpoint, and what its converted provider needs on the CPU."""
+#: tiny configuration name -> how to write its HF checkpoint (transformers has its model class): each family module's
+#: ``HF_CHECKPOINTS`` (:mod:`bridge_freeze_harness.tiny`), collected on first use.
+HF_FAMILIES: Mapping[str, HFFamily] = Declared("HF_CHECKPOINTS")
 
-    #: the transformers model class (``save_pretrained`` writes, ``from_pretrained`` reads the checkpoint).
-    model_class: str
-    #: the tiny transformers config of the checkpoint.
-    config: Callable[[], Any]
-    #: provider fields set after Bridge's conversion, besides the generic CPU ones: provider -> fields.
-    cpu_fields: Callable[[Any], Mapping[str, Any]] = field(default=lambda provider: {})
-    #: Bridge maps this family's routed experts only as TE grouped-GEMM parameters
-    #: (``mlp.experts.linear_fc1.weight<i>``): build them so (:func:`grouped_experts_on_cpu`).
-    grouped_experts: bool = False
-    #: saved tensor-name prefix -> the prefix published checkpoints use, rewritten in the safetensors after
-    #: ``save_pretrained`` (where transformers 5.12.1 saves names no published checkpoint has).
-    published_prefixes: Mapping[str, str] = field(default_factory=dict)
-    #: files a published checkpoint carries beside the weights, written by this function into the directory.
-    extra_files: Callable[[Path], None] | None = None
-    #: the module that defines ``model_class`` (a vendored copy where transformers has none).
-    model_module: str = "transformers"
-    #: what building, loading or running ``model_class`` needs under transformers 5.12.1 (a vendored class written
-    #: for transformers 4), applied by :func:`hf_model_context`.
-    model_patches: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-
-
-HF_FAMILIES: dict[str, HFFamily] = {
-    "qwen25_vl": HFFamily("Qwen2_5_VLForConditionalGeneration", _qwen25_vl, _qwen25_cpu),
-    "qwen3_vl": HFFamily("Qwen3VLForConditionalGeneration", _qwen3_vl),
-    "qwen3_vl_moe": HFFamily("Qwen3VLMoeForConditionalGeneration", _qwen3_vl_moe),
-    "qwen35_vl": HFFamily("Qwen3_5ForConditionalGeneration", _qwen35_vl, _qwen35_cpu),
-    "qwen35_vl_moe": HFFamily("Qwen3_5MoeForConditionalGeneration", _qwen35_vl_moe, _qwen35_cpu),
-    "glm45v": HFFamily("Glm4vMoeForConditionalGeneration", _glm45v, _glm45v_cpu, grouped_experts=True),
-    "gemma3_vl": HFFamily("Gemma3ForConditionalGeneration", _gemma3_vl, _gemma3_cpu),
-    "gemma4_vl": HFFamily("Gemma4ForConditionalGeneration", _gemma4_vl, grouped_experts=True),
-    "ministral3": HFFamily("Mistral3ForConditionalGeneration", _ministral3),
-    "ernie45_vl": HFFamily("Ernie4_5_VLMoeForConditionalGeneration", _ernie45_vl),
-    "minimax_m3_vl": HFFamily(
-        "MiniMaxM3SparseForConditionalGeneration", _minimax_m3_vl, _minimax_cpu, grouped_experts=True
-    ),
-    "exaone45_vl": HFFamily("Exaone4_5_ForConditionalGeneration", _exaone45_vl),
-    "qwen2_audio": HFFamily("Qwen2AudioForConditionalGeneration", _qwen2_audio,
-                            published_prefixes=_QWEN2_AUDIO_NAMES),
-    "qwen25_omni": HFFamily("Qwen2_5OmniForConditionalGeneration", lambda: _tiny_hf_config("qwen25_omni"),
-                            extra_files=_omni_speakers),
-    "qwen3_omni": HFFamily("Qwen3OmniMoeForConditionalGeneration", lambda: _tiny_hf_config("qwen3_omni")),
-    # transformers 5.12.1 has no Qwen3-ASR class: the maker's, as Bridge vendors it, with its transformers-5 gaps
-    # closed while it is built, loaded or run (tiny/qwen3_asr.py: hf_model_patches).
-    "qwen3_asr": HFFamily("Qwen3ASRForConditionalGeneration", _qwen3_asr,
-                          model_module="megatron.bridge.models.qwen3_asr.hf_qwen3_asr.modeling_qwen3_asr",
-                          model_patches=_qwen3_asr_patches),
-}
-
-#: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each).
-NO_HF_CHECKPOINT: dict[str, str] = {
-    "nemotron_omni": (
-        "its HF model (NemotronH_Nano_Omni_Reasoning_V3) is remote code on the hub, not in transformers 5.12.1, "
-        "so no checkpoint can be written, converted or loaded back here"
-    ),
-    "kimi_k25_vl": (
-        "its HF model (KimiK25ForConditionalGeneration, model_type kimi_k25) is remote code on the hub, not in "
-        "transformers 5.12.1: AutoConfig raises 'Unrecognized model identifier: kimi_k25' offline, so no "
-        "checkpoint can be written, converted or loaded back here"
-    ),
-    "nemotron_vl": (
-        "its HF model (NemotronH_Nano_VL_V2, model_type nemotron_vl) is remote code on the hub, not in "
-        "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'), so no checkpoint can be "
-        "written, converted or loaded back here"
-    ),
-    "step37": (
-        "transformers 5.12.1 has no Step-3.7 model class: Bridge registers only its config (Step37Config) with "
-        "AutoConfig; the model (Step3p7ForConditionalGeneration) is remote code, so no transformers checkpoint "
-        "can be written or loaded back"
-    ),
-}
+#: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each): each family
+#: module's ``NO_HF_CHECKPOINT``, collected on first use.
+NO_HF_CHECKPOINT: Mapping[str, str] = Declared("NO_HF_CHECKPOINT")
 
 
 def hf_family(name: str) -> HFFamily:

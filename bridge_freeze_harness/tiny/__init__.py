@@ -16,7 +16,17 @@ module: the index (:mod:`._index`) is derived from the modules themselves. A fam
 - ``tiny_patches()`` (optional): patches only the tiny configurations need (e.g. offline stand-ins);
 - ``forward_patches()`` (optional): patches a forward / backward of the family needs on the CPU;
 - ``TRAIN_SPECS`` (a dict: configuration name -> :class:`~bridge_freeze_harness.batches.TrainSpec`), or
-  ``CANNOT_TRAIN`` (a one-line reason why the family cannot run a forward on the CPU).
+  ``CANNOT_TRAIN`` (a one-line reason why the family cannot run a forward on the CPU);
+- ``HF_CHECKPOINTS`` (a dict: configuration name -> :class:`~bridge_freeze_harness._hf_configs.HFFamily`, its tiny
+  Hugging Face checkpoint recipe), or ``NO_HF_CHECKPOINT`` (a dict literal: configuration name -> why none can be
+  written here, read from the source);
+  collected by :mod:`bridge_freeze_harness.hf_checkpoint`;
+- ``FORWARD_STEPS`` (optional, a dict: configuration name -> the
+  :class:`~bridge_freeze_harness.cpu_training.BridgeStep` that trains it in Bridge's loop; default: ``vlm_step``'s),
+  collected by :func:`bridge_freeze_harness.cpu_training.forward_step_of`.
+
+A family's other homes: its plugin family module (``bridge_freeze_plugin/families/<vendor>.py``), its entry in the
+tests' independent expectations (``tests/unit/_family_parts.py``) and its row in ``docs/families.md``.
 
 Use :func:`build_tiny_model` / :func:`build_tiny_chunks` rather than the modules directly. Listing names
 (:data:`TINY_FAMILIES`) reads the modules' sources, not their code: no model code is imported.

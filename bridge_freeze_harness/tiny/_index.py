@@ -8,7 +8,10 @@ family module. Two of its module-level assignments name what it provides, and ar
   configuration named after the module, built by ``make_provider``;
 - ``FAMILY = "<registry family name>"``; absent, the module's name.
 
-The rest of the protocol (patches, training) is read from the imported module; see the package docstring.
+The rest of the protocol (patches, training, the HF checkpoint recipe, the forward step) is read from the imported
+module; see the package docstring. :class:`Declared` collects one of its per-configuration tables (``HF_CHECKPOINTS``,
+``NO_HF_CHECKPOINT``, ``FORWARD_STEPS``) from every family module; ``NO_HF_CHECKPOINT`` (reasons, a literal) is read
+from the source as ``CONFIGS`` and ``FAMILY`` are, so that listing the families without a checkpoint imports nothing.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 PACKAGE = "bridge_freeze_harness.tiny"
 _DIR = Path(__file__).resolve().parent
+#: The module-level literals read from a family module's source.
+_LITERALS = ("CONFIGS", "FAMILY", "NO_HF_CHECKPOINT")
 
 
 @dataclass(frozen=True)
@@ -36,13 +42,13 @@ class Entry:
 
 
 def _literals(path: Path) -> dict[str, object]:
-    """Module-level ``NAME = <literal>`` assignments of ``CONFIGS`` and ``FAMILY`` in ``path``."""
+    """Module-level ``NAME = <literal>`` assignments of :data:`_LITERALS` in ``path``."""
     found: dict[str, object] = {}
     for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                if isinstance(target, ast.Name) and target.id in ("CONFIGS", "FAMILY") and node.value is not None:
+                if isinstance(target, ast.Name) and target.id in _LITERALS and node.value is not None:
                     found[target.id] = ast.literal_eval(node.value)
     return found
 
@@ -107,3 +113,41 @@ class TinyIndex(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"TinyIndex({dict(self)!r})"
+
+
+@functools.cache
+def declared(attr: str) -> dict[str, Any]:
+    """Tiny configuration name -> its value in the dict ``attr`` of its family module, every family module (imported,
+    or read from its source for a literal table) that defines ``attr``; a module may declare only its own
+    configurations."""
+    found: dict[str, Any] = {}
+    for module in sorted({item.module for item in entries().values()}):
+        if attr in _LITERALS:
+            table = _literals(_DIR / f"{module}.py").get(attr, {})
+        else:
+            table = getattr(importlib.import_module(f"{PACKAGE}.{module}"), attr, {})
+        for name, value in table.items():
+            if entries().get(name, Entry("", "", "")).module != module:
+                raise ValueError(f"{module}.{attr} declares {name!r}, which is not one of its tiny configurations")
+            found[name] = value
+    return found
+
+
+class Declared(Mapping[str, Any]):
+    """Read-only mapping tiny configuration name -> what its family module declares in its dict ``attr``
+    (:func:`declared`, collected on first use)."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def __getitem__(self, name: str) -> Any:
+        return declared(self.attr)[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(declared(self.attr))
+
+    def __len__(self) -> int:
+        return len(declared(self.attr))
+
+    def __repr__(self) -> str:
+        return f"Declared({self.attr!r}: {sorted(self)!r})"

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._bridge_steps import vlm_step_with
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import TrainSpec, flat_patch_batch
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -150,4 +152,25 @@ TRAIN_SPECS = {
         projection_prefixes=("resampler_model.",),
         make_batch=train_batch,
     ),
+}
+
+
+def hf_checkpoint_config() -> Any:
+    config = hf_config()
+    # ERNIE's HF rotary embedding splits head_dim by mrope_section (default [22, 22, 20], for head_dim 128).
+    config.text_config.rope_parameters = {**config.text_config.rope_parameters, "mrope_section": [3, 3, 2]}
+    for name, value in {"image_start_token_id": 3, "image_end_token_id": 4, "image_token_id": 6,
+                        "video_start_token_id": 7, "video_end_token_id": 8, "video_token_id": 9}.items():
+        setattr(config, name, value)
+    return config
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"ernie45_vl": HFFamily("Ernie4_5_VLMoeForConditionalGeneration", hf_checkpoint_config)}
+
+#: Bridge's forward step that trains it (collected by :func:`bridge_freeze_harness.cpu_training.forward_step_of`).
+FORWARD_STEPS = {
+    # Ernie45VLModel.forward routes each token to the text or the vision expert pool by moe_mm_token_type_ids;
+    # without it every token goes to the text pool (ernie_moe_layer.py:204-211) and the vision pool never trains.
+    "ernie45_vl": vlm_step_with("moe_mm_token_type_ids"),
 }

@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec
@@ -112,3 +113,7 @@ TRAIN_SPECS = {
         cpu_overrides={"cross_entropy_loss_fusion": False, "mtp_num_layers": None},
     ),
 }
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"exaone45_vl": HFFamily("Exaone4_5_ForConditionalGeneration", hf_config)}

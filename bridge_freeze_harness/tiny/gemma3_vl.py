@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._hf_configs import TEXT, HFFamily
 from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
@@ -148,3 +149,44 @@ def cpu_patches() -> Iterator[None]:
     ]
     with patched(patches):
         yield
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Gemma3Config
+
+    head_dim = TINY_LM["kv_channels"]
+    # Gemma 3 ties the output layer to the embedding (Bridge converts it so).
+    text = {**TEXT, "tie_word_embeddings": True, "head_dim": head_dim, "sliding_window": 16,
+            "query_pre_attn_scalar": head_dim,
+            "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+            "layer_types": ["sliding_attention", "full_attention"]}
+    # Gemma 3's SigLIP tower has no attention-pooling head (Bridge maps none).
+    return Gemma3Config(text_config=text, vision_config={**vision_config().to_dict(), "vision_use_head": False},
+                        mm_tokens_per_image=TINY_VISION["tokens_per_image"], image_token_index=IMAGE_TOKEN_ID,
+                        boi_token_index=3, eoi_token_index=4, tie_word_embeddings=True)
+
+
+def hf_cpu_fields(provider: Any) -> dict[str, Any]:
+    """No zero-centred gamma, in the language model and the projector's own config (CPU-initialised float32).
+
+    The projector's ``mm_soft_embed_norm`` and the decoder's final norm are ``TENorm``, megatron-core's torch norm
+    without TE, which refuses it (``AssertionError: zero_centered_gamma not supported by torch LayerNorm``).
+    Names and shapes are unchanged; norm numerics are not Gemma's (as in the tiny configuration).
+    """
+    import copy
+
+    projector = copy.copy(provider.vision_projector_config)
+    projector.layernorm_zero_centered_gamma = False
+    projector.params_dtype = torch.float32
+    projector.use_cpu_initialization = True
+    # Bridge sets only the projector's widths; its image geometry keeps the defaults (896 px, 14 px patches,
+    # 256 tokens): take the checkpoint's.
+    vision = provider.vision_config
+    projector.image_size = vision.image_size
+    projector.patch_dim = vision.patch_size
+    projector.tokens_per_image = provider.mm_tokens_per_image
+    return {"vision_projector_config": projector, "layernorm_zero_centered_gamma": False}
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"gemma3_vl": HFFamily("Gemma3ForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields)}

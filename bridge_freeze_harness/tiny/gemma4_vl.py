@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._bridge_steps import vlm_step_with
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import TrainSpec, random_text, text_batch, text_range, token_row
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
@@ -207,3 +209,27 @@ def cpu_patches() -> Iterator[None]:
     ]
     with patched(patches):
         yield
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Gemma4Config
+
+    # transformers gives a global (full-attention) layer num_global_key_value_heads only with attention_k_eq_v,
+    # num_key_value_heads otherwise; Bridge's Megatron model always the former: keep the two equal.
+    # No per-layer input embeddings (Bridge's Gemma4-VL maps none; the MoE checkpoints have none).
+    text = {**text_config().to_dict(), "num_global_key_value_heads": TINY_LM["num_query_groups"],
+            "hidden_size_per_layer_input": 0}
+    return Gemma4Config(text_config=text, vision_config=vision_config().to_dict(),
+                        audio_config=audio_config().to_dict(), boi_token_id=3, eoi_token_id=4, boa_token_id=5,
+                        eoa_token_index=6, **TOKEN_IDS)
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"gemma4_vl": HFFamily("Gemma4ForConditionalGeneration", hf_checkpoint_config, grouped_experts=True)}
+
+#: Bridge's forward step that trains it (collected by :func:`bridge_freeze_harness.cpu_training.forward_step_of`).
+FORWARD_STEPS = {
+    # Gemma4VLModel.forward takes the audio as input_features next to the image; Bridge 0.6.2's own Gemma4 collate
+    # (gemma4_vl_collate_fn -> GenericVisualInputs) drops it, so audio_tower / embed_audio would get no gradient.
+    "gemma4_vl": vlm_step_with("input_features"),
+}

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness._hf_configs import TEXT, HFFamily
 from bridge_freeze_harness.batches import TrainSpec, image_text_batch_with_token_types
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized, local_mtp_block_spec
 
@@ -77,4 +78,30 @@ TRAIN_SPECS = {
         projection_prefixes=("visual.merger.",),
         make_batch=image_text_batch_with_token_types,
     ),
+}
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Glm4vMoeConfig
+
+    moe = TINY_MOE_WITH_SHARED_EXPERT
+    text = {**TEXT, "eos_token_id": 2, "pad_token_id": 0, "attention_bias": True, "head_dim": TINY_LM["kv_channels"],
+            "use_qk_norm": False,
+            "moe_intermediate_size": moe["moe_ffn_hidden_size"], "n_routed_experts": moe["num_moe_experts"],
+            "num_experts_per_tok": moe["moe_router_topk"], "n_shared_experts": 1, "first_k_dense_replace": 1,
+            "n_group": 1, "topk_group": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 1, 1],
+                                "partial_rotary_factor": 0.5}}
+    return Glm4vMoeConfig(text_config=text, vision_config=vision_config().to_dict(), image_token_id=6,
+                          video_token_id=7, image_start_token_id=3, image_end_token_id=4, tie_word_embeddings=False)
+
+
+def hf_cpu_fields(provider: Any) -> dict[str, Any]:
+    """Bridge's GLM-4.5V conversion keeps the provider's ``mrope_section`` ([8, 12, 12], for head_dim 128)."""
+    return {"mrope_section": [2, 1, 1]}
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {
+    "glm45v": HFFamily("Glm4vMoeForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields, grouped_experts=True),
 }

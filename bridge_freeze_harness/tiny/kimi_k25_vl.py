@@ -60,6 +60,39 @@ def register_offline_model(path: str, vision_config: Any) -> None:
     """
     _OFFLINE_MODELS[path] = vision_config
 
+
+def read_offline_config(doc: dict[str, Any], cfg_file: Any) -> Any:
+    """A published ``kimi_k25`` config.json (its JSON object ``doc``) read offline for ``bridge-freeze plan``
+    (the family's ``OfflineConfig`` reader): the text config is DeepSeek-V3's (transformers' own), the vision
+    config keeps the published keys (:class:`KimiK25VisionConfig`), and the model's hub look-ups for the file's
+    folder are answered by :func:`cpu_patches` (:func:`register_offline_model`)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig, PretrainedConfig
+
+    from bridge_freeze_plugin.errors import PlanError
+
+    cfg_file = Path(cfg_file)
+    for key in ("text_config", "vision_config"):
+        if not isinstance(doc.get(key), dict):
+            raise PlanError(f"{cfg_file}: a kimi_k25 config needs a `{key}` object (the published config.json "
+                            f"has one): give the model's own config.json")
+    remote_keys = ("auto_map", "architectures", "model_type")  # they describe the remote code, not the model
+    text = {k: v for k, v in doc["text_config"].items() if k not in remote_keys}
+    text_config = AutoConfig.for_model("deepseek_v3", **text)  # Kimi K2's text model is DeepSeek-V3's
+    vision_config = KimiK25VisionConfig(**{k: v for k, v in doc["vision_config"].items() if k != "model_type"})
+    top = {k: v for k, v in doc.items() if k not in ("text_config", "vision_config", "model_type")}
+    config = PretrainedConfig(**top)
+    config.text_config = text_config
+    config.vision_config = vision_config
+    path = str(cfg_file.resolve().parent)
+    config._name_or_path = path  # Bridge's hf_model_path: where the model looks its remote classes up
+    # The model refuses to look them up without it; the look-ups for ``path`` are answered by the stand-ins above,
+    # and plan runs with the hub offline, so no remote code is fetched or run.
+    config.trust_remote_code = True
+    register_offline_model(path, vision_config)
+    return config
+
 TINY_MLA = {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16}
 TINY_MOE = {
     "num_moe_experts": 4,
@@ -238,5 +271,16 @@ TRAIN_SPECS = {
         token_ids={"bos_token_id": 1, "eos_token_id": 2, "image_token_id": MEDIA_PLACEHOLDER_TOKEN_ID},
         projection_prefixes=("mm_projector.",),
         make_batch=train_batch,
+    ),
+}
+
+
+#: why no HF checkpoint of it can be written here (collected by
+#: :data:`bridge_freeze_harness.hf_checkpoint.NO_HF_CHECKPOINT`).
+NO_HF_CHECKPOINT = {
+    "kimi_k25_vl": (
+        "its HF model (KimiK25ForConditionalGeneration, model_type kimi_k25) is remote code on the hub, not in "
+        "transformers 5.12.1: AutoConfig raises 'Unrecognized model identifier: kimi_k25' offline, so no "
+        "checkpoint can be written, converted or loaded back here"
     ),
 }

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._hf_configs import TEXT, TEXT_IDS, HFFamily
 from bridge_freeze_harness.batches import TrainSpec, flat_patch_batch
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
 
@@ -84,4 +85,33 @@ TRAIN_SPECS = {
         projection_prefixes=("multi_modal_projector.", "patch_merge_mlp."),
         make_batch=train_batch,
     ),
+}
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import MiniMaxM3VLConfig
+
+    moe, head_dim = TINY_MOE_WITH_SHARED_EXPERT, TINY_LM["kv_channels"]
+    text = {**TEXT, **TEXT_IDS, "head_dim": head_dim, "rotary_dim": head_dim,
+            "intermediate_size": moe["moe_ffn_hidden_size"], "dense_intermediate_size": TINY_LM["ffn_hidden_size"],
+            "shared_intermediate_size": moe["moe_shared_expert_intermediate_size"],
+            "num_local_experts": moe["num_moe_experts"], "num_experts_per_tok": moe["moe_router_topk"],
+            "mlp_layer_types": ["dense", "sparse"], "index_n_heads": 2, "index_head_dim": head_dim}
+    return MiniMaxM3VLConfig(text_config=text, vision_config=dict(TINY_VISION), image_token_index=120,
+                             video_token_index=121, projector_hidden_size=TINY_LM["hidden_size"],
+                             tie_word_embeddings=False)
+
+
+def hf_cpu_fields(provider: Any) -> dict[str, Any]:
+    """Bridge's MiniMax-M3 block spec with local layers; no zero-centred gamma (torch norms lack it)."""
+    from megatron.bridge.models.minimax_m3.minimax_m3_bridge import minimax_m3_block_spec
+
+    return {"transformer_layer_spec": partial(minimax_m3_block_spec, use_transformer_engine=False),
+            "layernorm_zero_centered_gamma": False}
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {
+    "minimax_m3_vl": HFFamily("MiniMaxM3SparseForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields,
+                              grouped_experts=True),
 }

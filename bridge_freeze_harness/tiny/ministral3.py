@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
@@ -131,3 +132,7 @@ TRAIN_SPECS = {
         make_batch=train_batch,
     ),
 }
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"ministral3": HFFamily("Mistral3ForConditionalGeneration", hf_config)}

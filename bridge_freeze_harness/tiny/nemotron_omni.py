@@ -207,3 +207,13 @@ def forward_patches() -> Iterator[None]:
 
     with patched(mamba_forward_patches()):
         yield
+
+
+#: why no HF checkpoint of it can be written here (collected by
+#: :data:`bridge_freeze_harness.hf_checkpoint.NO_HF_CHECKPOINT`).
+NO_HF_CHECKPOINT = {
+    "nemotron_omni": (
+        "its HF model (NemotronH_Nano_Omni_Reasoning_V3) is remote code on the hub, not in transformers 5.12.1, "
+        "so no checkpoint can be written, converted or loaded back here"
+    ),
+}

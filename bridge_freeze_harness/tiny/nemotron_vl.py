@@ -208,3 +208,14 @@ def forward_patches() -> Iterator[None]:
 
     with patched(mamba_forward_patches()):
         yield
+
+
+#: why no HF checkpoint of it can be written here (collected by
+#: :data:`bridge_freeze_harness.hf_checkpoint.NO_HF_CHECKPOINT`).
+NO_HF_CHECKPOINT = {
+    "nemotron_vl": (
+        "its HF model (NemotronH_Nano_VL_V2, model_type nemotron_vl) is remote code on the hub, not in "
+        "transformers 5.12.1 (AutoConfig: 'Unrecognized model identifier: nemotron_vl'), so no checkpoint can be "
+        "written, converted or loaded back here"
+    ),
+}

@@ -20,10 +20,13 @@ moved inside the tiny vocabulary (:data:`TOKEN_IDS`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from bridge_freeze_harness._bridge_steps import QWEN_OMNI_STEP
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import TrainSpec, next_token_targets, random_text, text_range, token_row
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -225,4 +228,24 @@ TRAIN_SPECS = {
         make_batch=train_batch,
         image_grid_thw=IMAGE_GRID_THW,
     ),
+}
+
+
+def write_speakers(directory: Path) -> None:
+    """``spk_dict.pt``: the speaker table published Qwen2.5-Omni checkpoints carry (transformers' from_pretrained
+    of the model requires it, even with audio output off); a tiny one, one speaker."""
+    torch.save({"Chelsie": {"bos_token": 0, "cond": torch.zeros(4), "ref_mel": torch.zeros(2, 4)}},
+               directory / "spk_dict.pt")
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {
+    "qwen25_omni": HFFamily("Qwen2_5OmniForConditionalGeneration", hf_config, extra_files=write_speakers),
+}
+
+#: Bridge's forward step that trains it (collected by :func:`bridge_freeze_harness.cpu_training.forward_step_of`).
+FORWARD_STEPS = {
+    # Bridge 0.6.2 has no step (nor recipe) of its own for Qwen2.5-Omni; its Qwen3-Omni step fits the model:
+    # Qwen25OmniModel.forward takes the same keywords (input_ids, labels, loss_mask, the media keys above).
+    "qwen25_omni": QWEN_OMNI_STEP,
 }

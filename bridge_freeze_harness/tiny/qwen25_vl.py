@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_freeze_harness._hf_configs import QWEN_IDS, TEXT, TEXT_IDS, HFFamily
 from bridge_freeze_harness.batches import TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -76,3 +77,22 @@ def make_provider(**overrides: Any) -> Any:
 
 
 TRAIN_SPECS = {"qwen25_vl": TrainSpec(token_ids=TOKEN_IDS, projection_prefixes=("visual.merger.",))}
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    text = {**TEXT, **TEXT_IDS, "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0,
+                                                    "mrope_section": [2, 3, 3]}}
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision_config().to_dict(), **QWEN_IDS,
+                            tie_word_embeddings=False)
+
+
+def hf_cpu_fields(provider: Any) -> dict[str, Any]:
+    """Bridge's Qwen2.5-VL conversion keeps the provider's ``mrope_section`` ([16, 24, 24], for head_dim 128):
+    the tiny head_dim 16 needs the checkpoint's own."""
+    return {"mrope_section": [2, 3, 3]}
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"qwen25_vl": HFFamily("Qwen2_5_VLForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields)}

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._hf_configs import TEXT, TEXT_IDS, HFFamily
 from bridge_freeze_harness.batches import Batch, TrainSpec, random_text, text_batch, text_range, token_row
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -123,4 +124,27 @@ TRAIN_SPECS = {
         roles={},
         make_batch=audio_batch,
     ),
+}
+
+
+def hf_checkpoint_config() -> Any:
+    config = hf_config()
+    for name, value in {**TEXT, **TEXT_IDS}.items():
+        setattr(config.text_config, name, value)
+    for name, value in TEXT_IDS.items():
+        setattr(config, name, value)
+    config.tie_word_embeddings = False
+    return config
+
+
+#: transformers 5.12.1 applies Qwen2-Audio's two key renamings (the model's and ``Qwen2AudioModel``'s) in reverse
+#: on save and writes ``language_model.model.model.*``; the published checkpoints (Qwen2-Audio-7B), which
+#: transformers loads and Bridge's mapping reads, have ``language_model.model.*``. Unrenamed, Bridge 0.6.2 raises
+#: nothing, yet the converted language model is not the checkpoint's (measured: non-finite word embeddings).
+PUBLISHED_NAMES = {"language_model.model.model.": "language_model.model."}
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {
+    "qwen2_audio": HFFamily("Qwen2AudioForConditionalGeneration", hf_checkpoint_config,
+                            published_prefixes=PUBLISHED_NAMES),
 }

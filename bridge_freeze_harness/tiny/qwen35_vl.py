@@ -45,6 +45,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_harness._hf_configs import QWEN_IDS, TEXT, TEXT_IDS, HFFamily, qwen3_rope
 from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_block_spec
@@ -184,4 +185,41 @@ def forward_patches() -> Iterator[None]:
 TRAIN_SPECS = {
     name: TrainSpec(token_ids=QWEN_TOKEN_IDS, projection_prefixes=("vision_model.merger.",))
     for name in ("qwen35_vl", "qwen35_vl_moe")
+}
+
+
+def _hf_text() -> dict[str, Any]:
+    linear = {k: TINY_HYBRID[k] for k in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                                          "linear_num_key_heads", "linear_num_value_heads")}
+    rope = qwen3_rope(TINY_HYBRID["mrope_section"], partial_rotary_factor=TINY_HYBRID["rotary_percent"])
+    return {**TEXT, **TEXT_IDS, **linear, "head_dim": TINY_LM["kv_channels"], "rope_parameters": rope,
+            "layer_types": ["linear_attention", "full_attention"]}
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(text_config=_hf_text(), vision_config=dict(TINY_VISION), **QWEN_IDS,
+                         tie_word_embeddings=False)
+
+
+def hf_moe_checkpoint_config() -> Any:
+    from transformers import Qwen3_5MoeConfig
+
+    text = {**_hf_text(), "moe_intermediate_size": TINY_MOE["moe_ffn_hidden_size"],
+            "shared_expert_intermediate_size": TINY_SHARED_EXPERT["moe_shared_expert_intermediate_size"],
+            "num_experts": TINY_MOE["num_moe_experts"], "num_experts_per_tok": TINY_MOE["moe_router_topk"]}
+    return Qwen3_5MoeConfig(text_config=text, vision_config=dict(TINY_VISION), **QWEN_IDS,
+                            tie_word_embeddings=False)
+
+
+def hf_cpu_fields(provider: Any) -> dict[str, Any]:
+    """As the tiny Qwen3.5 configs: the GDN's PyTorch conv path, no zero-centred gamma (torch norms lack it)."""
+    return {"deterministic_mode": True, "layernorm_zero_centered_gamma": False}
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {
+    "qwen35_vl": HFFamily("Qwen3_5ForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields),
+    "qwen35_vl_moe": HFFamily("Qwen3_5MoeForConditionalGeneration", hf_moe_checkpoint_config, hf_cpu_fields),
 }

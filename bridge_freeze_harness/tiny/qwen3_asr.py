@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._hf_configs import TEXT, HFFamily
 from bridge_freeze_harness.batches import Batch, TrainSpec, random_text, text_batch, text_range, token_row
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -251,4 +252,25 @@ def audio_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Gene
 
 TRAIN_SPECS = {
     "qwen3_asr": TrainSpec(token_ids=TOKEN_IDS, batch_ids=BATCH_IDS, roles={}, make_batch=audio_batch),
+}
+
+
+def hf_checkpoint_config() -> Any:
+    """Bridge's vendored ``Qwen3ASRConfig`` at the tiny sizes, its text rotary settings as Qwen3-ASR-0.6B's
+    (``rope_scaling``: default type, interleaved M-RoPE, whose section the tiny head_dim needs: Bridge reads it)."""
+    from megatron.bridge.models.qwen3_asr.hf_qwen3_asr.configuration_qwen3_asr import Qwen3ASRConfig
+
+    rope = {"rope_type": "default", "mrope_section": list(MROPE_SECTION), "mrope_interleaved": True,
+            "interleaved": True}
+    thinker = thinker_config(**TEXT, rope_theta=1_000_000.0, rope_scaling=rope)
+    return Qwen3ASRConfig(thinker_config=thinker)
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {
+    # transformers 5.12.1 has no Qwen3-ASR class: the maker's, as Bridge vendors it, with its transformers-5 gaps
+    # closed while it is built, loaded or run (hf_model_patches).
+    "qwen3_asr": HFFamily("Qwen3ASRForConditionalGeneration", hf_checkpoint_config,
+                          model_module="megatron.bridge.models.qwen3_asr.hf_qwen3_asr.modeling_qwen3_asr",
+                          model_patches=hf_model_patches),
 }

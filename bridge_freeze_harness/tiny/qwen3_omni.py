@@ -22,10 +22,13 @@ CPU notes (provider fields, no patches): ``moe_grouped_gemm=False`` (local per-e
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from bridge_freeze_harness._bridge_steps import QWEN_OMNI_STEP
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 from bridge_freeze_harness.tiny.qwen3_vl_moe import TINY_MOE
@@ -169,4 +172,16 @@ TRAIN_SPECS = {
         make_batch=train_batch,
         image_grid_thw=(1, 8, 8),
     ),
+}
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"qwen3_omni": HFFamily("Qwen3OmniMoeForConditionalGeneration", hf_config)}
+
+#: Bridge's forward step that trains it (collected by :func:`bridge_freeze_harness.cpu_training.forward_step_of`).
+FORWARD_STEPS = {
+    # One audio clip per micro-batch: with two or more, Bridge 0.6.2's Qwen3OmniThinkerModel.get_audio_features
+    # splits the encoder's output with the wrong per-clip lengths and raises "Audio features and audio tokens do
+    # not match" (train_batch above). A micro-batch of one sample is what works.
+    "qwen3_omni": replace(QWEN_OMNI_STEP, max_micro_batch=1),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_freeze_harness._hf_configs import QWEN_IDS, TEXT, TEXT_IDS, HFFamily, qwen3_rope
 from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
@@ -48,3 +49,15 @@ TRAIN_SPECS = {
         projection_prefixes=("vision_model.merger.", "vision_model.decoder.deepstack_merger_list."),
     ),
 }
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Qwen3VLConfig
+
+    text = {**TEXT, **TEXT_IDS, "head_dim": TINY_LM["kv_channels"], "rope_parameters": qwen3_rope([2, 3, 3])}
+    return Qwen3VLConfig(text_config=text, vision_config={**TINY_VISION, "deepstack_visual_indexes": [0, 1]},
+                         **QWEN_IDS, tie_word_embeddings=False)
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"qwen3_vl": HFFamily("Qwen3VLForConditionalGeneration", hf_checkpoint_config)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_freeze_harness._hf_configs import QWEN_IDS, TEXT, TEXT_IDS, HFFamily, qwen3_rope
 from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 from bridge_freeze_harness.tiny.qwen3_vl import TINY_IMAGE, vision_config
@@ -73,3 +74,19 @@ TRAIN_SPECS = {
         },
     ),
 }
+
+
+def hf_checkpoint_config() -> Any:
+    from transformers import Qwen3VLMoeConfig
+
+    from bridge_freeze_harness.tiny.qwen3_vl import TINY_VISION
+
+    text = {**TEXT, **TEXT_IDS, "head_dim": TINY_LM["kv_channels"], "rope_parameters": qwen3_rope([2, 3, 3]),
+            "moe_intermediate_size": TINY_MOE["moe_ffn_hidden_size"], "num_experts": TINY_MOE["num_moe_experts"],
+            "num_experts_per_tok": TINY_MOE["moe_router_topk"]}
+    return Qwen3VLMoeConfig(text_config=text, vision_config={**TINY_VISION, "deepstack_visual_indexes": [0, 1]},
+                            **QWEN_IDS, tie_word_embeddings=False)
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`).
+HF_CHECKPOINTS = {"qwen3_vl_moe": HFFamily("Qwen3VLMoeForConditionalGeneration", hf_checkpoint_config)}

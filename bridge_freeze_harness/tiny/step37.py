@@ -140,3 +140,14 @@ TRAIN_SPECS = {
         make_batch=train_batch,
     ),
 }
+
+
+#: why no HF checkpoint of it can be written here (collected by
+#: :data:`bridge_freeze_harness.hf_checkpoint.NO_HF_CHECKPOINT`).
+NO_HF_CHECKPOINT = {
+    "step37": (
+        "transformers 5.12.1 has no Step-3.7 model class: Bridge registers only its config (Step37Config) with "
+        "AutoConfig; the model (Step3p7ForConditionalGeneration) is remote code, so no transformers checkpoint "
+        "can be written or loaded back"
+    ),
+}

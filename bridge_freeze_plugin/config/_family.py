@@ -66,11 +66,23 @@ def family_from_name(name: str | None) -> FamilySpec | None:
     return families[next(iter(top))] if len(top) == 1 else None
 
 
-#: Bridge 0.6.2 providers whose freeze flags default to true (read from their source): family -> (provider class,
-#: the flags that default to true). A trainer that passes only the flags a config writes (NeMo-RL) leaves these on.
-PROVIDER_FLAG_DEFAULTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "qwen3_vl_moe": ("Qwen3VLMoEModelProvider", ("freeze_language_model", "freeze_vision_model")),
-}
+def provider_flag_defaults(family: FamilySpec | None) -> tuple[str, tuple[str, ...]] | None:
+    """(provider class name, the freeze flags it defaults to true), as ``family`` declares them
+    (``FamilySpec.provider_flag_defaults``), or ``None``. A trainer that passes only the flags a config writes
+    (NeMo-RL) leaves these on."""
+    if family is None or not family.provider_flag_defaults:
+        return None
+    return family.providers[0].rpartition(":")[2], family.provider_flag_defaults
+
+
+def flag_defaults_sentence() -> str:
+    """``"Qwen3VLMoEModelProvider (language model and vision encoder true)"``: every registered family's provider
+    whose freeze flags default to true, as a message names them (``"none"`` when no family declares any)."""
+    from bridge_freeze_plugin.request import FLAG_PARTS, label
+
+    found = [provider_flag_defaults(f) for f in REGISTRY]
+    return ", ".join(f"{cls} ({' and '.join(label(FLAG_PARTS[flag]) for flag in flags)} true)"
+                     for cls, flags in filter(None, found)) or "none"
 
 
 #: The only modules a config's ``_target_`` may make this process import: Megatron-Bridge's own (its providers).

@@ -178,9 +178,9 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
         from bridge_freeze_plugin.config._saved_provider import with_saved_provider
 
         return with_saved_provider(s, cfg, layout, family)
-    from bridge_freeze_plugin.config._family import PROVIDER_FLAG_DEFAULTS
+    from bridge_freeze_plugin.config._family import flag_defaults_sentence, provider_flag_defaults
 
-    known = PROVIDER_FLAG_DEFAULTS.get(family.name) if family is not None else None
+    known = provider_flag_defaults(family)
     on: dict[str, bool] = {}
     notes: dict[str, str] = {}
     for flag in FLAGS:
@@ -193,8 +193,7 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
             notes[flag] = f"not written: {layout.trainer} leaves the provider's default (false for {family.name})"
         else:
             notes[flag] = (f"not written: {layout.trainer} leaves the provider's default, false on every Bridge "
-                           "provider but Qwen3VLMoEModelProvider (LM and vision encoder true): name the family to "
-                           "be sure")
+                           f"provider but {flag_defaults_sentence()}: name the family to be sure")
     if not on:
         return replace(s, provider_defaults=notes)
     selection = FreezeSelection(**{**s.selection.as_dict(), **on}, train_patterns=s.selection.train_patterns,

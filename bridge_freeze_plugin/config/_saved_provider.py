@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from bridge_freeze_plugin.config._conversion_cache import find_cache, unwritten_flag_notes
-from bridge_freeze_plugin.config._family import PROVIDER_FLAG_DEFAULTS
+from bridge_freeze_plugin.config._family import provider_flag_defaults
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import resolvers
 from bridge_freeze_plugin.config._run_settings import RunSettings
@@ -24,7 +24,7 @@ def with_saved_provider(s: RunSettings, cfg: Any, layout: Layout, family: Family
         policy = section(cfg, layout.conversion_cache)
         megatron_cfg = section(cfg, layout.flags)
         unwritten = [f for f in FLAGS if all(select(cfg, key) is None for key in s.keys_of(f))]
-    known = PROVIDER_FLAG_DEFAULTS.get(family.name) if family is not None else None
+    known = provider_flag_defaults(family)
     bridge_default = dict.fromkeys(known[1], True) if known else {}
     shown = [f for f in FLAGS if family is None or family.has_part(FLAG_PARTS[f])]  # the model's flags
     values, notes, line = unwritten_flag_notes(find_cache(policy), unwritten, megatron_cfg, bridge_default, shown)

@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
-from bridge_freeze_plugin.families._spec import FamilySpec, ProviderLayout, canonical_name, class_path
+from bridge_freeze_plugin.families._spec import (
+    FamilySpec,
+    OfflineConfig,
+    ProviderLayout,
+    canonical_name,
+    class_path,
+)
 from bridge_freeze_plugin.ranks import is_rank0
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "REGISTRY",
     "FamilyRegistry",
     "FamilySpec",
+    "OfflineConfig",
     "ProviderLayout",
     "canonical_name",
     "class_path",

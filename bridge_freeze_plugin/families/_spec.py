@@ -17,6 +17,8 @@ from bridge_freeze_plugin.families._spec_checks import (
     _KEYWORD_PARTS,
     SEQUENCE_FIELDS,
     WRAPPER_PREFIX,
+    _check_flag_defaults,
+    _check_offline_configs,
     _check_prefix,
     _check_providers,
     _check_scalars,
@@ -55,6 +57,21 @@ class ProviderLayout:
     when_field: str = ""
     description: str = ""
     plain_linear: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    """How ``plan`` reads, offline, a published ``config.json`` whose ``model_type`` is hub remote code.
+
+    Either ``sub_configs``: the keys whose objects are types transformers has itself (read with its own classes;
+    ``objects``: keys the maker's config class holds as config objects, read as plain ``PretrainedConfig``), or
+    ``reader``: ``"package.module:function"`` called with the JSON object and the file's path.
+    """
+
+    model_type: str
+    sub_configs: tuple[str, ...] = ()
+    objects: tuple[str, ...] = ()
+    reader: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,11 @@ class FamilySpec:
     #: Bridge's own names of a flag (``request.ALIASES``: ``freeze_sound_encoder``...) that this family's provider
     #: declares as fields; written for another family, a run drops them (or NeMo-RL refuses them).
     aliases: tuple[str, ...] = ()
+    #: The freeze flags its Bridge provider (the first in ``providers``) defaults to true, read from its source: a
+    #: trainer that passes only the flags a config writes (NeMo-RL) leaves these on.
+    provider_flag_defaults: tuple[str, ...] = ()
+    #: Remote-code ``model_type`` values (of ``hf_model_types``) that ``plan`` reads offline (:class:`OfflineConfig`).
+    offline_configs: tuple[OfflineConfig, ...] = ()
     #: Who registered it: "builtin", or the distribution that provided an entry point.
     source: str = "builtin"
     #: Other tables for some provider classes (:class:`ProviderLayout`); :meth:`for_class` picks one.
@@ -119,6 +141,8 @@ class FamilySpec:
             object.__setattr__(self, attr, _string_tuple(self.name, attr, getattr(self, attr)))
         _check_scalars(self)
         _check_providers(self.name, self.providers)
+        _check_flag_defaults(self)
+        object.__setattr__(self, "offline_configs", _check_offline_configs(self, OfflineConfig))
         unknown = set(self.full_recompute_affects) - {p.value for p in SELECTABLE_PARTS}
         if unknown or bool(self.no_full_recompute) != bool(self.full_recompute_affects):
             raise FamilyRegistrationError(

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError
-from bridge_freeze_plugin.request import Part
+from bridge_freeze_plugin.request import FLAGS, Part
 
 #: Wrappers (Float16Module, DDP) put their wrapped module under this attribute.
 WRAPPER_PREFIX = "module."
@@ -27,7 +27,7 @@ _SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 
 #: The fields that hold a sequence of strings (a provider may also be given as a class).
 SEQUENCE_FIELDS = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",
-                   "no_full_recompute", "full_recompute_affects", "plain_linear")
+                   "no_full_recompute", "full_recompute_affects", "plain_linear", "provider_flag_defaults")
 #: The parts with a keyword of their own (the vision-language parts); any part may be given in ``parts=``.
 _KEYWORD_PARTS = ("language_model", "vision_model", "vision_projection")
 #: The fields that hold one string.
@@ -100,3 +100,39 @@ def _check_prefix(family: str, part: Part, prefix: str) -> None:
     raise FamilyRegistrationError(
         f"family {family!r}: bad prefix {prefix!r} for {part.value}: it can never match a parameter, since it {why}"
     )
+
+
+def _check_flag_defaults(spec: Any) -> None:
+    """``provider_flag_defaults`` names flags of the vocabulary, each once."""
+    wrong = [f for f in spec.provider_flag_defaults if f not in FLAGS]
+    if wrong or len(set(spec.provider_flag_defaults)) != len(spec.provider_flag_defaults):
+        raise FamilyRegistrationError(
+            f"family {spec.name!r}: provider_flag_defaults names the flags its provider defaults to true, each once "
+            f"({', '.join(FLAGS)}); got {list(spec.provider_flag_defaults)}")
+
+
+def _check_offline_configs(spec: Any, offline_type: type) -> tuple[Any, ...]:
+    """``offline_configs`` as a tuple of ``offline_type`` (:class:`~._spec.OfflineConfig`), each for one of the
+    family's ``hf_model_types``, read by a ``reader`` path or by its ``sub_configs``, not both."""
+    given = spec.offline_configs
+    if isinstance(given, str | bytes | Mapping) or not isinstance(given, Iterable):
+        given = (given,)
+    configs = tuple(given)
+    seen: set[str] = set()
+    for item in configs:
+        if not isinstance(item, offline_type):
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: offline_configs must hold OfflineConfig(model_type=..., ...), got {item!r}")
+        if item.model_type not in spec.hf_model_types or item.model_type in seen:
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: offline config {item.model_type!r} must be one of its hf_model_types "
+                f"{list(spec.hf_model_types)}, listed once")
+        seen.add(item.model_type)
+        module, sep, function = item.reader.partition(":")
+        path_ok = not item.reader or (sep and all(s.isidentifier() for s in (*module.split("."), function)))
+        if not path_ok or bool(item.reader) == bool(item.sub_configs):
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: offline config {item.model_type!r} is read either by a reader "
+                f"('package.module:function') or by its sub_configs (keys of types transformers has), one of the "
+                f"two; got reader={item.reader!r}, sub_configs={list(item.sub_configs)}")
+    return configs

@@ -1,6 +1,6 @@
 """Kimi K2.5-VL (vision tower from the checkpoint's remote code)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._registry import FamilySpec, OfflineConfig
 
 FAMILIES = [
     FamilySpec(
@@ -12,5 +12,9 @@ FAMILIES = [
         vision_model=("vision_tower",),
         vision_projection=("mm_projector",),
         hf_model_types=("kimi_k25",),
+        # remote code: its text config is DeepSeek-V3's, its vision config the harness's stand-in reads
+        offline_configs=(
+            OfflineConfig("kimi_k25", reader="bridge_freeze_harness.tiny.kimi_k25_vl:read_offline_config"),
+        ),
     ),
 ]

@@ -1,7 +1,7 @@
 """Nemotron-VL (Nano V2 VL) and Nemotron Omni: a LLaVA model under ``llava_model``; on Bridge 0.7.0 Nemotron Omni's
 provider builds its parts at the top level instead (a layout of its own)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec, ProviderLayout
+from bridge_freeze_plugin.families._registry import FamilySpec, OfflineConfig, ProviderLayout
 
 _LLAVA = {
     "language_model": ("llava_model.language_model",),
@@ -20,6 +20,8 @@ FAMILIES = [
         # the published checkpoints (remote code) say NemotronH_Nano_VL_V2; Bridge writes nemotron_vl into the
         # configs it generates
         hf_model_types=("NemotronH_Nano_VL_V2", "nemotron_vl"),
+        # remote code: a wrapper whose llm_config is transformers' nemotron_h (Bridge's conversion reads no other)
+        offline_configs=(OfflineConfig("NemotronH_Nano_VL_V2", sub_configs=("llm_config",)),),
         **_LLAVA,
     ),
     FamilySpec(
@@ -33,6 +35,9 @@ FAMILIES = [
         providers=(f"{_OMNI_PROVIDERS}:NemotronOmniModelProvider",),
         # Nano (Bridge 0.6.x and 0.7.0) and Super (0.7.0)
         hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3"),
+        # the same wrapper with a sound_config; NemotronOmniBridge reads sound_config and vision_config by attribute
+        offline_configs=(OfflineConfig("NemotronH_Nano_Omni_Reasoning_V3", sub_configs=("llm_config",),
+                                       objects=("vision_config", "sound_config")),),
         parts={"audio_model": ("llava_model.sound_model",), "audio_projection": ("llava_model.sound_projection",)},
         aliases=("freeze_sound_encoder", "freeze_sound_projection"),
         layouts=(

@@ -50,6 +50,8 @@ FAMILIES = [
         description="Qwen3-VL MoE; Bridge's provider freezes LM and vision encoder by default",
         providers=(f"{_PKG}.qwen3_vl_provider:Qwen3VLMoEModelProvider",),
         hf_model_types=("qwen3_vl_moe",),
+        # Bridge 0.6.2's provider defaults these to true (read from its source)
+        provider_flag_defaults=("freeze_language_model", "freeze_vision_model"),
         **_QWEN3_PARTS,
     ),
     FamilySpec(

@@ -2,12 +2,16 @@
 Bridge model's module tree (never read from the plugin's registry): the tests' independent expectation.
 
 Shared by ``test_families.py`` (the trainable set of every selection) and ``test_family_gradients.py`` (the
-gradients of a real forward + backward).
+gradients of a real forward + backward); the set of tiny configurations the harness's index must find
+(:data:`TINY_CONFIGS`, ``integration/test_harness.py``); and, per family with a tiny HF checkpoint, which HF tensors
+its round trip trains (:data:`HF_ROUNDTRIP_CASES`, ``integration/test_hf_roundtrip.py``). Adding a family adds its
+entries here (docs/families.md, "Adding a family").
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 # family -> (language model, vision encoder, vision projection, untouched other) as regexes over names.
 # The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
@@ -79,6 +83,8 @@ def _as_parts(row: tuple[str, str, str, str | None]) -> dict[str, str]:
 
 #: family -> part -> regex, every tiny family.
 PARTS: dict[str, dict[str, str]] = {**{name: _as_parts(row) for name, row in _VLM.items()}, **_AUDIO}
+#: Every tiny configuration, written here (not read from the harness's index): the index must find exactly these.
+TINY_CONFIGS = frozenset(PARTS)
 
 
 def parts_of(family: str) -> tuple[str, ...]:
@@ -123,3 +129,64 @@ def part_of(family: str, name: str) -> str:
         if part in table and re.match(table[part], name):
             return part
     raise AssertionError(f"{family}: the test's own table does not cover {name}")
+
+
+# ---- The HF round trip (tests/unit/integration/test_hf_roundtrip.py): one entry per family with a tiny HF checkpoint
+
+PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
+VISION_ONLY = {"freeze_language_model": True, "freeze_vision_projection": True}
+LANGUAGE_ONLY = {"freeze_vision_model": True, "freeze_vision_projection": True}
+OMNI_PROJECTIONS = {"freeze_language_model": True, "freeze_vision_model": True, "freeze_audio_model": True}
+
+
+#: Files a published checkpoint carries that Bridge 0.6.2's export does not copy (its Qwen2.5-Omni bridge names no
+#: ADDITIONAL_FILE_PATTERNS, so save_hf_pretrained drops the speaker table transformers' loader requires).
+BRIDGE_EXPORT_DROPS = {"qwen25_omni": "spk_dict.pt"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family's HF round trip (integration/test_hf_roundtrip.py): the flags set, and which HF tensors then
+    train (a regex over HF names)."""
+
+    flags: dict[str, bool]
+    trains: str
+
+
+# HF names as the checkpoints lay them out (transformers' save_pretrained). What trains follows from the parts:
+# language model / vision encoder / vision projection, and what is no flag's part (trains unless frozen otherwise).
+QWEN3_PROJECTION = r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\."
+HF_ROUNDTRIP_CASES: dict[str, Case] = {
+    # Qwen2.5-VL (legacy layout, no "model." before visual.): the vision encoder is visual. minus its merger.
+    "qwen25_vl": Case(VISION_ONLY, r"^visual\.(?!merger\.)"),
+    "qwen3_vl": Case(PROJECTION_ONLY, QWEN3_PROJECTION),
+    "qwen3_vl_moe": Case(PROJECTION_ONLY, QWEN3_PROJECTION),
+    "qwen35_vl": Case(PROJECTION_ONLY, r"^model\.visual\.merger\."),  # no DeepStack mergers in Qwen3.5
+    # The language model with its routed experts (one fused HF tensor per layer and projection).
+    "qwen35_vl_moe": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
+    # Only the merger: visual.embeddings / post_conv_layernorm / downsample / post_layernorm are the vision
+    # encoder's (Bridge's own freeze leaves them training).
+    "glm45v": Case(PROJECTION_ONLY, r"^model\.visual\.merger\."),
+    "gemma3_vl": Case(VISION_ONLY, r"^vision_tower\."),
+    # The audio tower and its embedding are no flag's part: they train next to the projection, except the
+    # audio layers' clipping bounds (buffers: nothing trains them).
+    "gemma4_vl": Case(PROJECTION_ONLY,
+                      r"^model\.(embed_vision\.|embed_audio\.|audio_tower\.(?!.*\.(input|output)_(min|max)$))"),
+    "ministral3": Case(VISION_ONLY, r"^vision_tower\."),
+    # Only the resampler: the vision tower's final ln is the encoder's (Bridge's own freeze leaves it training).
+    "ernie45_vl": Case(PROJECTION_ONLY, r"^model\.resampler_model\."),
+    # The language model, except the routers' expert-score bias: a buffer that Bridge's training loop updates
+    # from the routing counts (finalize_model_grads), not the optimizer step run here.
+    "minimax_m3_vl": Case(LANGUAGE_ONLY, r"^language_model\.(?!.*\.e_score_correction_bias$)"),
+    "exaone45_vl": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
+    # The audio encoder alone; its fixed position table is no part (built frozen).
+    "qwen2_audio": Case({"freeze_language_model": True, "freeze_audio_projection": True},
+                        r"^audio_tower\.(?!embed_positions\.)"),
+    # Both projections (the Omni thinker's audio projection lives inside the audio tower in HF names too).
+    "qwen25_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger\.|audio_tower\.proj\.)"),
+    "qwen3_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger(_list\.\d+)?\.|audio_tower\.proj[12]\.)"),
+    # The audio projection alone: Qwen3-ASR's projector (proj1 -> GELU -> proj2) sits inside the HF audio tower,
+    # whose sinusoidal positions are a non-persistent buffer (not in the file).
+    "qwen3_asr": Case({"freeze_language_model": True, "freeze_audio_model": True},
+                      r"^thinker\.audio_tower\.proj[12]\."),
+}

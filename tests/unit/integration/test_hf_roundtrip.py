@@ -7,9 +7,10 @@ transformers model class, every floating-point tensor randomised) -> ``AutoBridg
 AdamW steps -> ``export_hf_weights`` / ``save_hf_pretrained``. Per family:
 
 (a) before training, the export is the checkpoint file: same names, dtypes and values (bit for bit);
-(b) after training, the HF tensors that changed are exactly those whose Megatron sources train: written below per
-    family as HF-name rules (:data:`CASES`), independent of the plugin's classification and of Bridge's mapping
-    tables, from the parts' definitions (README, "Which parts"); every other tensor is bit-identical;
+(b) after training, the HF tensors that changed are exactly those whose Megatron sources train: written per family
+    as HF-name rules (``tests/unit/_family_parts.py``: ``HF_ROUNDTRIP_CASES``), independent of the plugin's
+    classification and of Bridge's mapping tables, from the parts' definitions (README, "Which parts"); every other
+    tensor is bit-identical;
 (c) ``save_hf_pretrained``'s files are the export, and transformers loads them (no missing / unexpected / resized
     tensor) into tensors equal to the export (checked by saving the loaded model again with transformers);
 (d) LoRA with full-rank parts (Qwen3-VL): the merged export carries the projection's full-rank change and the
@@ -31,11 +32,12 @@ import logging
 import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _family_parts import BRIDGE_EXPORT_DROPS, PROJECTION_ONLY, QWEN3_PROJECTION
+from _family_parts import HF_ROUNDTRIP_CASES as CASES
 
 from bridge_freeze_harness.hf_checkpoint import HF_FAMILIES, NO_HF_CHECKPOINT
 from bridge_freeze_harness.tiny import TINY_FAMILIES
@@ -43,64 +45,6 @@ from bridge_freeze_harness.tiny import TINY_FAMILIES
 logger = logging.getLogger(__name__)
 
 STEPS = 2
-
-PROJECTION_ONLY = {"freeze_language_model": True, "freeze_vision_model": True}
-VISION_ONLY = {"freeze_language_model": True, "freeze_vision_projection": True}
-LANGUAGE_ONLY = {"freeze_vision_model": True, "freeze_vision_projection": True}
-OMNI_PROJECTIONS = {"freeze_language_model": True, "freeze_vision_model": True, "freeze_audio_model": True}
-
-
-#: Files a published checkpoint carries that Bridge 0.6.2's export does not copy (its Qwen2.5-Omni bridge names no
-#: ADDITIONAL_FILE_PATTERNS, so save_hf_pretrained drops the speaker table transformers' loader requires).
-BRIDGE_EXPORT_DROPS = {"qwen25_omni": "spk_dict.pt"}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One family's round trip: the flags set, and which HF tensors then train (a regex over HF names)."""
-
-    flags: dict[str, bool]
-    trains: str
-
-
-# HF names as the checkpoints lay them out (transformers' save_pretrained). What trains follows from the parts:
-# language model / vision encoder / vision projection, and what is no flag's part (trains unless frozen otherwise).
-QWEN3_PROJECTION = r"^model\.visual\.(merger|deepstack_merger_list\.\d+)\."
-CASES: dict[str, Case] = {
-    # Qwen2.5-VL (legacy layout, no "model." before visual.): the vision encoder is visual. minus its merger.
-    "qwen25_vl": Case(VISION_ONLY, r"^visual\.(?!merger\.)"),
-    "qwen3_vl": Case(PROJECTION_ONLY, QWEN3_PROJECTION),
-    "qwen3_vl_moe": Case(PROJECTION_ONLY, QWEN3_PROJECTION),
-    "qwen35_vl": Case(PROJECTION_ONLY, r"^model\.visual\.merger\."),  # no DeepStack mergers in Qwen3.5
-    # The language model with its routed experts (one fused HF tensor per layer and projection).
-    "qwen35_vl_moe": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
-    # Only the merger: visual.embeddings / post_conv_layernorm / downsample / post_layernorm are the vision
-    # encoder's (Bridge's own freeze leaves them training).
-    "glm45v": Case(PROJECTION_ONLY, r"^model\.visual\.merger\."),
-    "gemma3_vl": Case(VISION_ONLY, r"^vision_tower\."),
-    # The audio tower and its embedding are no flag's part: they train next to the projection, except the
-    # audio layers' clipping bounds (buffers: nothing trains them).
-    "gemma4_vl": Case(PROJECTION_ONLY,
-                      r"^model\.(embed_vision\.|embed_audio\.|audio_tower\.(?!.*\.(input|output)_(min|max)$))"),
-    "ministral3": Case(VISION_ONLY, r"^vision_tower\."),
-    # Only the resampler: the vision tower's final ln is the encoder's (Bridge's own freeze leaves it training).
-    "ernie45_vl": Case(PROJECTION_ONLY, r"^model\.resampler_model\."),
-    # The language model, except the routers' expert-score bias: a buffer that Bridge's training loop updates
-    # from the routing counts (finalize_model_grads), not the optimizer step run here.
-    "minimax_m3_vl": Case(LANGUAGE_ONLY, r"^language_model\.(?!.*\.e_score_correction_bias$)"),
-    "exaone45_vl": Case(LANGUAGE_ONLY, r"^(model\.language_model\.|lm_head\.)"),
-    # The audio encoder alone; its fixed position table is no part (built frozen).
-    "qwen2_audio": Case({"freeze_language_model": True, "freeze_audio_projection": True},
-                        r"^audio_tower\.(?!embed_positions\.)"),
-    # Both projections (the Omni thinker's audio projection lives inside the audio tower in HF names too).
-    "qwen25_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger\.|audio_tower\.proj\.)"),
-    "qwen3_omni": Case(OMNI_PROJECTIONS, r"^thinker\.(visual\.merger(_list\.\d+)?\.|audio_tower\.proj[12]\.)"),
-    # The audio projection alone: Qwen3-ASR's projector (proj1 -> GELU -> proj2) sits inside the HF audio tower,
-    # whose sinusoidal positions are a non-persistent buffer (not in the file).
-    "qwen3_asr": Case({"freeze_language_model": True, "freeze_audio_model": True},
-                      r"^thinker\.audio_tower\.proj[12]\."),
-}
-
 
 def _family_params() -> list[Any]:
     params = []
