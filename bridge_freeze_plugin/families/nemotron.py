@@ -20,6 +20,13 @@ FAMILIES = [
         # the published checkpoints (remote code) say NemotronH_Nano_VL_V2; Bridge writes nemotron_vl into the
         # configs it generates
         hf_model_types=("NemotronH_Nano_VL_V2", "nemotron_vl"),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("in_proj", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "out_proj",
+                               "output_layer"),
+            "vision_model": ("embedder", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+        },
         **_LLAVA,
     ),
     FamilySpec(
@@ -33,6 +40,15 @@ FAMILIES = [
         providers=(f"{_OMNI_PROVIDERS}:NemotronOmniModelProvider",),
         # Nano (Bridge 0.6.x and 0.7.0) and Super (0.7.0)
         hf_model_types=("NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3"),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("in_proj", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "out_proj",
+                               "output_layer"),
+            "vision_model": ("embedder", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+            "audio_model": ("k_proj", "linear", "linear1", "linear2", "o_proj", "q_proj", "relative_k_proj", "v_proj"),
+            "audio_projection": ("linear_fc1", "linear_fc2"),
+        },
         parts={"audio_model": ("llava_model.sound_model",), "audio_projection": ("llava_model.sound_projection",)},
         aliases=("freeze_sound_encoder", "freeze_sound_projection"),
         layouts=(
