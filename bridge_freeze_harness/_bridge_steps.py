@@ -127,6 +127,25 @@ QWEN_OMNI_STEP = BridgeStep(
     collate=_named_keys_batch,
 )
 
+
+def _llava_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``megatron/bridge/training/llava_step.py`` reads: ``tokens``, ``labels``, ``loss_mask``, the images as
+    ``pixel_values`` (tiles along the batch) and ``num_patches`` (LLaVA's ``num_image_tiles``, one per image);
+    ``attention_mask`` / ``position_ids`` ``None`` (the hybrid language model builds its causal mask and positions)."""
+    return {"tokens": _cat(samples, "input_ids"), "labels": _cat(samples, "labels"),
+            "loss_mask": _cat(samples, "loss_mask"), "pixel_values": _cat(samples, "images"),
+            "num_patches": _cat(samples, "num_image_tiles"), "attention_mask": None, "position_ids": None}
+
+
+#: Bridge's LLaVA step (Nemotron-VL): ``model(images=..., num_image_tiles=...)`` from the keys above.
+LLAVA_STEP = BridgeStep(
+    "megatron.bridge.training.llava_step:forward_step",
+    keys=frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids", "images",
+                    "num_image_tiles"}),
+    collate=_llava_step_batch,
+)
+
+
 #: tiny configuration -> Bridge's forward step that trains it, where that is not :data:`VLM_STEP`: each family module's
 #: ``FORWARD_STEPS`` (:mod:`bridge_freeze_harness.tiny`), collected on first use.
 FORWARD_STEPS: Mapping[str, BridgeStep] = Declared("FORWARD_STEPS")

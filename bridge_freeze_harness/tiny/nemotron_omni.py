@@ -43,8 +43,9 @@ from bridge_freeze_harness.tiny.nemotron_vl import TINY_MAMBA, hybrid_build_patc
 REAL = True
 #: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
 CANNOT_TRAIN = (
-    "the harness has no synthetic batch for Bridge's nemotron_omni_step yet; its Mamba layers do run "
-    "forward/backward on the CPU (bridge_freeze_harness._mamba_cpu)"
+    "Bridge's nemotron_omni_step casts the images and sound clips to bfloat16, which the float32 CPU build refuses "
+    "(expected m1 and m2 to have the same dtype); its Mamba layers do run forward/backward on the CPU "
+    "(bridge_freeze_harness._mamba_cpu)"
 )
 
 #: One Mamba, one attention, one MoE layer: every layer kind of Nemotron-3 Omni's pattern.

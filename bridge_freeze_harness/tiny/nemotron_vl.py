@@ -50,16 +50,14 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
+from bridge_freeze_harness._bridge_steps import LLAVA_STEP
+from bridge_freeze_harness.batches import TrainSpec, next_token_targets, random_text, token_row
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
-#: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
-CANNOT_TRAIN = (
-    "the harness has no synthetic batch for Bridge's llava_step (images as tiles + num_image_tiles) yet; its Mamba "
-    "layers do run forward/backward on the CPU (bridge_freeze_harness._mamba_cpu)"
-)
-
 #: One Mamba, one MLP, one attention, one MLP layer: every layer kind of Nano V2's pattern.
 TINY_PATTERN = "M-*-"
 
@@ -219,3 +217,44 @@ NO_HF_CHECKPOINT = {
         "written, converted or loaded back here"
     ),
 }
+#: The image token id and tile size ``provide()`` hard-codes (131072, above the tiny vocabulary: LLaVA puts the
+#: image's embeddings in its place before any embedding lookup; ``img_h = img_w = 512``).
+IMAGE_TOKEN = 131072
+IMAGE_SIZE = 512
+_BOS, _EOS = 1, 2
+
+
+def llava_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, Any]:
+    """``model(**batch)`` keywords, and what Bridge's llava_step reads (``_bridge_steps.LLAVA_STEP``): per row
+    ``bos text <image> text eos`` and one 512x512 tile (``images`` [b, 3, 512, 512], ``num_image_tiles`` one per
+    image). No loss where the next token is the image or the end; the labels there are 0 (the image token is
+    outside the vocabulary). ``position_ids`` / ``attention_mask`` are ``None``: the hybrid language model builds
+    its positions and causal mask."""
+    high = int(provider.vocab_size)
+    rows = [token_row([_BOS, random_text(gen, spec.text_before, 3, high), IMAGE_TOKEN,
+                       random_text(gen, spec.text_after, 3, high), _EOS]) for _ in range(batch_size)]
+    input_ids = torch.stack(rows)
+    labels, loss_mask = next_token_targets(input_ids, _EOS, [IMAGE_TOKEN])
+    labels[loss_mask == 0] = 0
+    return {"images": torch.randn(batch_size, 3, IMAGE_SIZE, IMAGE_SIZE, generator=gen, dtype=provider.params_dtype),
+            "num_image_tiles": torch.ones(batch_size, dtype=torch.int), "input_ids": input_ids,
+            "position_ids": None, "attention_mask": None, "labels": labels, "loss_mask": loss_mask}
+
+
+def llava_loss(output: Any, batch: Any) -> torch.Tensor:
+    """LLaVA returns ``(per-token loss, loss mask)`` over the sequence with the image's embeddings in place of its
+    token (longer than the batch's): the mean over that mask."""
+    per_token, mask = output
+    return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+#: Trains through Bridge's llava_step (``_bridge_steps.LLAVA_STEP``): one 512x512 tile per row (:func:`llava_batch`).
+#: ``seq_length``: LLaVA cuts the sequence, the tile's 256 embeddings in place of its token, to it (the tiny 64 would
+#: drop every token after the image, and with them every gradient of the vision side).
+TRAIN_SPECS = {"nemotron_vl": TrainSpec(projection_prefixes=("llava_model.vision_projection.",),
+                                        cpu_overrides={"cross_entropy_loss_fusion": False, "seq_length": 288},
+                                        make_batch=llava_batch, loss=llava_loss)}
+
+#: Bridge's LLaVA step trains it (:data:`bridge_freeze_harness._bridge_steps.LLAVA_STEP`: images as tiles and
+#: ``num_image_tiles``).
+FORWARD_STEPS = {"nemotron_vl": LLAVA_STEP}

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from bridge_freeze_plugin.config._layouts import Layout, Marker, Peer, _bridge_field_elsewhere, _router
 
+#: The trainer's LoRA targets as its Megatron worker hands them to Bridge's LoRA (SkyRL 0.4.0's
+#: ``MegatronWorker.configure_lora``): ``"all-linear"`` (its default) becomes these leaf names, matched in every
+#: part that has modules of those names. (The worker drops ``in_proj`` for a model whose bridge maps a GatedDeltaNet
+#: ``in_proj`` to two fused HF tensors, Qwen3-Next's layout; no registered family has it.) ``canonical_lora``'s list
+#: names the same modules (``linear_q``... are read as the module they split).
+ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj")
+_LORA_NAMES = {"lora_target_aliases": {"all-linear": ALL_LINEAR}, "lora_default_target": "all-linear"}
+
 SFT = Layout(
     name="sft",
     title="SFT",
@@ -14,6 +22,8 @@ SFT = Layout(
     language_model_only="model.language_model_only",
     lora="model.lora",
     lora_rank="rank",
+    lora_type="megatron_config.lora_config.lora_type",
+    **_LORA_NAMES,
     model_path="model.path",
     provider_target=None,
     recompute=(
@@ -41,6 +51,8 @@ RL = Layout(
     language_model_only="trainer.policy.language_model_only",
     lora="trainer.policy.model.lora",
     lora_rank="rank",
+    lora_type="trainer.policy.megatron_config.lora_config.lora_type",
+    **_LORA_NAMES,
     model_path="trainer.policy.model.path",
     provider_target=None,
     recompute=(

@@ -133,6 +133,12 @@ class Layout:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     #: the rank a present LoRA section has when it writes none (Bridge's ``LoRA.dim``)
     lora_default_rank: int = 0
+    #: a ``target_modules`` value the trainer's worker replaces by Megatron leaf names before Bridge's LoRA sees it
+    #: (SkyRL's ``"all-linear"``), and the value it has when the config writes none (``None``: Bridge's default)
+    lora_target_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    lora_default_target: str | None = None
+    #: the key naming the LoRA class (SkyRL's ``lora_type``: ``"canonical_lora"`` is Bridge's ``CanonicalLoRA``)
+    lora_type: str | None = None
     #: what a strategy means when the layout has no strategy key
     fixed_strategy: str | None = None
     #: keys that decide this layout (no other layout has them), and hints (other layouts' files may have them)

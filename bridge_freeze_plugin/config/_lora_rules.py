@@ -24,19 +24,21 @@ _REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
 
 def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
     """``(parts it may reach, parts it certainly reaches)`` for a LoRA target, as Bridge matches targets;
-    ``None`` when the config cannot tell (a leaf name, or regex characters).
+    ``None`` when the config cannot tell (regex characters, or a leaf name on a family with no leaf table).
 
     Bridge (``ModuleMatcher.match``) puts an adapter on a module whose own name equals the target, or whose full
-    name matches it with ``*`` standing for any text. A name without ``.`` or ``*`` is a leaf name, found in any
-    part: only the built model tells. Otherwise the names it matches start with its literal head (the text before
-    the first ``*``): they may lie in the part of the longest family prefix the head lies under, and in every part
-    with a prefix that begins with the head (``None``: names under no prefix). It certainly reaches a part when
-    that is the only part it may reach, or when it ends with ``*`` and so matches every module under one of the
-    part's prefixes (``vision_model.*`` covers ``vision_model.merger``). (``.`` is read as the separator it stands
-    for in module names.)
+    name matches it with ``*`` standing for any text. A name without ``.`` or ``*`` is a leaf name: it
+    reaches the parts whose linear modules have that name (the family's ``linear_leaves``, :func:`leaf_parts`).
+    Otherwise the names it matches start with its literal head (the text before the first ``*``): they may lie in
+    the part of the longest family prefix the head lies under, and in every part with a prefix that begins with the
+    head (``None``: names under no prefix). It certainly reaches a part when that is the only part it may reach, or
+    when it ends with ``*`` and so matches every module under one of the part's prefixes (``vision_model.*`` covers
+    ``vision_model.merger``). (``.`` is read as the separator it stands for in module names.)
     """
-    if ("." not in target and "*" not in target) or _REGEX_CHARACTERS & set(target):
+    if _REGEX_CHARACTERS & set(target):
         return None
+    if "." not in target and "*" not in target:
+        return leaf_parts(target, family)
     if "*" not in target:
         part = family.classify(target)
         return frozenset({part}), frozenset({part} - {None})
@@ -49,6 +51,16 @@ def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part |
     if not rest.strip("*"):  # ends with "*": every name that starts with the head
         certain |= {part for prefix, part in prefixes if (prefix + ".").startswith(head)}
     return may, frozenset(certain)
+
+
+def leaf_parts(leaf: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
+    """The parts whose linear modules have the leaf name ``leaf`` (``None`` in the first set: modules in no part),
+    reached for certain: Bridge matches a leaf name against every module's own name. ``None``: the family has no
+    leaf table."""
+    if not family.linear_leaves:
+        return None
+    reached = {part for part in (*family.part_names(), Part.OTHER) if leaf in (family.linear_leaves_of(part) or ())}
+    return frozenset(None if p is Part.OTHER else p for p in reached), frozenset(reached - {Part.OTHER})
 
 
 def _lora_section(s: RunSettings) -> str:

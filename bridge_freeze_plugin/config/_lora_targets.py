@@ -4,8 +4,9 @@ Bridge's LoRA turns a plain ``torch.nn.Linear`` (an HF-implemented tower) into `
 Bridge export carries (``prewrap/_plain_linear.py``). The family's table lists those modules (``plain_linear``
 prefixes); a target whose literal head (the text before the first ``*``) lies under one of them reaches such
 modules for certain and is refused while a flag is set. A target whose head lies above such a prefix (``*qkv``,
-``vis*``) may reach them: left to the build, which refuses it if it does (warned here). A leaf name (Bridge's
-defaults, ``qkv``) or a regex is left to the build without a word, as the full-rank overlap rule leaves it. An
+``vis*``) may reach them: left to the build, which refuses it if it does (warned here). A leaf name (``qkv``,
+SkyRL's ``all-linear`` list) reaches the modules of that name that the family's ``linear_leaves`` table lists; with
+no table, it and a regex are left to the build without a word, as the full-rank overlap rule leaves them. An
 empty target list (Bridge's LoRA then wraps every linear module) reaches them unless ``exclude_modules`` is written.
 """
 
@@ -27,11 +28,25 @@ _REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
 def plain_linear_reach(target: str, family: FamilySpec) -> tuple[list[str], list[str]]:
     """``(prefixes it certainly reaches, prefixes it may reach)`` among the family's ``plain_linear``."""
     prefixes = family.plain_linear
-    if ("." not in target and "*" not in target) or _REGEX_CHARACTERS & set(target):
-        return [], []  # a leaf name or a regex: only the built model tells (it refuses what it must)
+    if _REGEX_CHARACTERS & set(target):
+        return [], []  # a regex: only the built model tells (it refuses what it must)
+    if "." not in target and "*" not in target:
+        return _leaf_reach(target, family)
     head = target.partition("*")[0]
     certain = [p for p in prefixes if head.startswith(p + ".") or head == p]
     may = [p for p in prefixes if p not in certain and (p + ".").startswith(head)]
+    return certain, may
+
+
+def _leaf_reach(leaf: str, family: FamilySpec) -> tuple[list[str], list[str]]:
+    """A leaf name reaches every module of that name: the ``plain_linear`` prefixes over a part that has one for
+    certain, those inside such a part maybe (no leaf table: left to the build)."""
+    if not family.linear_leaves:
+        return [], []
+    holders = [prefix for part in (*family.part_names(), Part.OTHER) if leaf in (family.linear_leaves_of(part) or ())
+               for prefix in family.prefixes(part)]
+    certain = [p for p in family.plain_linear if any(h == p or h.startswith(p + ".") for h in holders)]
+    may = [p for p in family.plain_linear if p not in certain and any(p.startswith(h + ".") for h in holders)]
     return certain, may
 
 

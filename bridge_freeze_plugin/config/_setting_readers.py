@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from bridge_freeze_plugin.config._layout_bridge import VLM_LORA_SWITCHES
 from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._lora_names import trainer_targets
 from bridge_freeze_plugin.config._run_settings import LoraSettings
 from bridge_freeze_plugin.config._values import IN_CONFIG, Setting, Source, as_yaml, section, select, type_label
 from bridge_freeze_plugin.config._yaml_overrides import brief
@@ -50,6 +51,7 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
         malformed.append(f"{layout.lora}.target_modules must be a module name or a list of them, got "
                          f"{brief(repr(target))} ({type_label(target)})")
         target = None
+    target = trainer_targets(cfg, layout, target)
     exclude = lora.get("exclude_modules")
     exclude = [exclude] if isinstance(exclude, str) else exclude if isinstance(exclude, list) else []
     settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),

@@ -195,6 +195,7 @@ def register_family(
     no_full_recompute: Iterable[str] = (),
     full_recompute_affects: Iterable[str] = (),
     plain_linear: Iterable[str] = (),
+    linear_leaves: Mapping[str, Iterable[str]] | None = None,
     source: str = "builtin",
     registry: FamilyRegistry | None = None,
 ) -> FamilySpec:
@@ -218,6 +219,7 @@ def register_family(
         no_full_recompute=no_full_recompute,  # type: ignore[arg-type]
         full_recompute_affects=full_recompute_affects,  # type: ignore[arg-type]
         plain_linear=plain_linear,  # type: ignore[arg-type]
+        linear_leaves=linear_leaves or {},
         source=source,
     )
     return (REGISTRY if registry is None else registry).register(spec)

@@ -24,6 +24,7 @@ from bridge_freeze_plugin.families._spec_checks import (
     _check_scalars,
     _string_tuple,
     class_path,
+    linear_leaf_table,
 )
 from bridge_freeze_plugin.request import REQUIRED_PARTS, SELECTABLE_PARTS, Part, label
 
@@ -112,6 +113,11 @@ class FamilySpec:
     #: becomes Bridge's ``LinearAdapter``, whose training no Bridge export carries (config rules refuse such
     #: targets; the build refuses the adapters whatever the table says).
     plain_linear: tuple[str, ...] = ()
+    #: Part name (or ``"other"``) -> the leaf names of its linear modules (the last segment of each module's
+    #: name, what Bridge's LoRA matches a target without ``.`` or ``*`` against), read off the built model; the
+    #: language model lists ``output_layer`` (absent where the embeddings are tied). Empty: not known (a leaf-name
+    #: target is then left to the build). Stored as sorted ``(part, leaves)`` pairs; :meth:`linear_leaves_of`.
+    linear_leaves: Any = ()
     #: Bridge's own names of a flag (``request.ALIASES``: ``freeze_sound_encoder``...) that this family's provider
     #: declares as fields; written for another family, a run drops them (or NeMo-RL refuses them).
     aliases: tuple[str, ...] = ()
@@ -169,6 +175,7 @@ class FamilySpec:
                     )
                 index[prefix] = part
         self._check_plain_linear()
+        object.__setattr__(self, "linear_leaves", linear_leaf_table(self, self.linear_leaves))
         if len(index) <= _MAX_LINEAR_PREFIXES:
             ordered = sorted(index.items(), key=lambda item: len(item[0]), reverse=True)
             object.__setattr__(self, "_ordered", tuple((p, p + ".", part) for p, part in ordered))
@@ -245,6 +252,13 @@ class FamilySpec:
         object.__setattr__(self, "parts", tuple((p.value, table[p]) for p in SELECTABLE_PARTS if table[p]))
         self._prefixes.update(table)
 
+    def linear_leaves_of(self, part: Part) -> tuple[str, ...] | None:
+        """The leaf names of ``part``'s linear modules (``Part.OTHER``: of the modules in no part); ``None``: the
+        family's table does not say (no table at all)."""
+        if not self.linear_leaves:
+            return None
+        return dict(self.linear_leaves).get(part.value, ())
+
     def prefixes(self, part: Part) -> tuple[str, ...]:
         """The module prefixes of ``part`` (``()``: the family does not have it)."""
         return self.other if part is Part.OTHER else self._prefixes.get(part, ())
@@ -305,6 +319,7 @@ class FamilySpec:
             "no_full_recompute": list(self.no_full_recompute),
             "full_recompute_affects": list(self.full_recompute_affects),
             "plain_linear": list(self.plain_linear),
+            "linear_leaves": {part: list(leaves) for part, leaves in self.linear_leaves},
             "source": self.source,
             "layouts": {layout.provider: {part.value: list(variant.prefixes(part)) for part in variant.part_names()}
                         for layout, variant in zip(self.layouts, self._variants, strict=True)},

@@ -136,3 +136,26 @@ def _check_offline_configs(spec: Any, offline_type: type) -> tuple[Any, ...]:
                 f"('package.module:function') or by its sub_configs (keys of types transformers has), one of the "
                 f"two; got reader={item.reader!r}, sub_configs={list(item.sub_configs)}")
     return configs
+
+
+def linear_leaf_table(spec: Any, given: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``linear_leaves`` as sorted ``(part, leaves)`` pairs: each key a part the family has (or ``"other"``), each
+    leaf one module-name segment."""
+    items = given.items() if isinstance(given, Mapping) else given
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise FamilyRegistrationError(f"family {spec.name!r}: linear_leaves must map part names to leaf names, e.g. "
+                                      f"{{'language_model': ['linear_qkv']}}, not {type(given).__name__} {given!r}")
+    known = {p.value for p in spec.part_names()} | {Part.OTHER.value}
+    table = {}
+    for item in items:
+        if not (isinstance(item, tuple | list) and len(item) == 2) or str(item[0]) not in known:
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: linear_leaves names {item!r}; its keys are the family's parts "
+                f"({', '.join(sorted(known))})")
+        leaves = _string_tuple(spec.name, f"linear_leaves[{item[0]!r}]", item[1])
+        bad = [leaf for leaf in leaves if not _SEGMENT.fullmatch(leaf)]
+        if bad:
+            raise FamilyRegistrationError(
+                f"family {spec.name!r}: linear_leaves[{item[0]!r}] holds {bad}, which are no module-name segment")
+        table[str(item[0])] = tuple(sorted(set(leaves)))
+    return tuple(sorted(table.items()))

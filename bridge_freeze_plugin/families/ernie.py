@@ -13,6 +13,12 @@ FAMILIES = [
         vision_model=("vision_tower", "vision_model"),
         vision_projection=("resampler_model",),
         hf_model_types=("ernie4_5_vl_moe", "ernie4_5_moe_vl"),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("fc1", "fc2", "proj", "qkv"),
+            "vision_projection": ("fc1", "fc2", "mlp"),
+        },
         # Measured (tests/unit/prewrap/test_recompute_fix.py): under full recompute the vision experts of the language
         # model's MoE get no gradient and the vision tower a wrong one, whatever trains.
         recompute_note=(

@@ -18,5 +18,12 @@ FAMILIES = [
         vision_projection=("vision_model.merger",),
         other=("language_model.mtp",),
         hf_model_types=("exaone4_5",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+            "other": ("eh_proj", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+        },
     ),
 ]

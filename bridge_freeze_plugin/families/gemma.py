@@ -14,6 +14,12 @@ FAMILIES = [
         vision_model=("vision_tower",),
         vision_projection=("multi_modal_projector",),
         hf_model_types=("gemma3",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"),
+            "vision_projection": ("proj",),
+        },
     ),
     FamilySpec(
         name="gemma4_vl",
@@ -31,5 +37,13 @@ FAMILIES = [
         vision_projection=("embed_vision",),
         parts={"audio_model": ("audio_tower",), "audio_projection": ("embed_audio",)},
         hf_model_types=("gemma4",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("input_proj", "linear"),
+            "vision_projection": ("embedding_projection",),
+            "audio_model": ("input_proj_linear", "linear", "output_proj", "relative_k_proj"),
+            "audio_projection": ("embedding_projection",),
+        },
     ),
 ]

@@ -14,5 +14,11 @@ FAMILIES = [
         vision_model=("visual",),
         vision_projection=("visual.merger",),
         hf_model_types=("glm4v_moe",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("down_proj", "gate_proj", "proj", "qkv", "up_proj"),
+            "vision_projection": ("down_proj", "gate_proj", "proj", "up_proj"),
+        },
     ),
 ]

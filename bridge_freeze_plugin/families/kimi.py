@@ -16,5 +16,12 @@ FAMILIES = [
         offline_configs=(
             OfflineConfig("kimi_k25", reader="bridge_freeze_harness.tiny.kimi_k25_vl:read_offline_config"),
         ),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj",
+                               "linear_q_down_proj", "linear_q_up_proj", "output_layer"),
+            "vision_model": ("fc0", "fc1", "wo", "wqkv"),
+            "vision_projection": ("0", "2"),
+        },
     ),
 ]

@@ -20,5 +20,11 @@ FAMILIES = [
         vision_projection=("multi_modal_projector", "patch_merge_mlp"),
         other=("lightning_indexers",),
         hf_model_types=("minimax_m3_vl",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"),
+            "vision_projection": ("linear_1", "linear_2"),
+        },
     ),
 ]

@@ -12,5 +12,11 @@ FAMILIES = [
         vision_model=("vision_tower",),
         vision_projection=("multi_modal_projector",),
         hf_model_types=("mistral3",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"),
+            "vision_projection": ("linear_1", "linear_2", "merging_layer"),
+        },
     ),
 ]

@@ -22,6 +22,13 @@ FAMILIES = [
         hf_model_types=("NemotronH_Nano_VL_V2", "nemotron_vl"),
         # remote code: a wrapper whose llm_config is transformers' nemotron_h (Bridge's conversion reads no other)
         offline_configs=(OfflineConfig("NemotronH_Nano_VL_V2", sub_configs=("llm_config",)),),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("in_proj", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "out_proj",
+                               "output_layer"),
+            "vision_model": ("embedder", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+        },
         **_LLAVA,
     ),
     FamilySpec(
@@ -38,6 +45,15 @@ FAMILIES = [
         # the same wrapper with a sound_config; NemotronOmniBridge reads sound_config and vision_config by attribute
         offline_configs=(OfflineConfig("NemotronH_Nano_Omni_Reasoning_V3", sub_configs=("llm_config",),
                                        objects=("vision_config", "sound_config")),),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("in_proj", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "out_proj",
+                               "output_layer"),
+            "vision_model": ("embedder", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+            "audio_model": ("k_proj", "linear", "linear1", "linear2", "o_proj", "q_proj", "relative_k_proj", "v_proj"),
+            "audio_projection": ("linear_fc1", "linear_fc2"),
+        },
         parts={"audio_model": ("llava_model.sound_model",), "audio_projection": ("llava_model.sound_projection",)},
         aliases=("freeze_sound_encoder", "freeze_sound_projection"),
         layouts=(

@@ -37,12 +37,24 @@ FAMILIES = [
         vision_model=("visual",),
         vision_projection=("visual.merger",),
         hf_model_types=("qwen2_5_vl",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("down_proj", "gate_proj", "proj", "qkv", "up_proj"),
+            "vision_projection": ("0", "2"),
+        },
     ),
     FamilySpec(
         name="qwen3_vl",
         description="Qwen3-VL dense (projection: merger + DeepStack mergers inside `vision_model`)",
         providers=(f"{_PKG}.qwen3_vl_provider:Qwen3VLModelProvider",),
         hf_model_types=("qwen3_vl",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+        },
         **_QWEN3_PARTS,
     ),
     FamilySpec(
@@ -52,6 +64,12 @@ FAMILIES = [
         hf_model_types=("qwen3_vl_moe",),
         # Bridge 0.6.2's provider defaults these to true (read from its source)
         provider_flag_defaults=("freeze_language_model", "freeze_vision_model"),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+        },
         **_QWEN3_PARTS,
     ),
     FamilySpec(
@@ -62,6 +80,13 @@ FAMILIES = [
             f"{_PKG}.qwen35_vl_provider:Qwen35VLMoEModelProvider",
         ),
         hf_model_types=("qwen3_5", "qwen3_5_moe"),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("in_proj", "linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "out_proj",
+                               "output_layer"),
+            "vision_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"),
+            "vision_projection": ("linear_fc1", "linear_fc2"),
+        },
         **_QWEN3_LAYOUT,
     ),
 ]

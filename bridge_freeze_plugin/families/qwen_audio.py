@@ -29,6 +29,12 @@ FAMILIES = [
         parts={"audio_model": ("audio_tower",), "audio_projection": ("multi_modal_projector",)},
         other=("audio_tower.embed_positions",),
         hf_model_types=("qwen2_audio",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "audio_model": ("fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"),
+            "audio_projection": ("linear",),
+        },
     ),
     FamilySpec(
         name="qwen3_asr",
@@ -41,5 +47,11 @@ FAMILIES = [
             "audio_projection": ("thinker.audio_model.proj1", "thinker.audio_model.proj2"),
         },
         hf_model_types=("qwen3_asr",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "audio_model": ("conv_out", "fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"),
+            "audio_projection": ("proj1", "proj2"),
+        },
     ),
 ]

@@ -36,6 +36,14 @@ FAMILIES = [
         vision_projection=("thinker.visual.merger",),
         parts={"audio_model": ("thinker.audio_model",), "audio_projection": ("thinker.audio_model.proj",)},
         hf_model_types=("qwen2_5_omni",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("down_proj", "gate_proj", "k", "proj", "q", "up_proj", "v"),
+            "vision_projection": ("0", "2"),
+            "audio_model": ("fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"),
+            "audio_projection": ("proj",),
+        },
     ),
     FamilySpec(
         name="qwen3_omni",
@@ -54,5 +62,13 @@ FAMILIES = [
             "audio_projection": ("thinker.audio_model.proj1", "thinker.audio_model.proj2"),
         },
         hf_model_types=("qwen3_omni_moe",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("linear_fc1", "linear_fc2", "proj", "qkv"),
+            "vision_projection": ("0", "2"),
+            "audio_model": ("conv_out", "fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"),
+            "audio_projection": ("proj1", "proj2"),
+        },
     ),
 ]

@@ -18,5 +18,11 @@ FAMILIES = [
         vision_model=("vision_model",),
         vision_projection=("image_insert_embedding.align_projector",),
         hf_model_types=("step3p7",),
+        # what Bridge's LoRA matches a leaf-name target against (read off the built model)
+        linear_leaves={
+            "language_model": ("linear_fc1", "linear_fc2", "linear_proj", "linear_qkv", "output_layer"),
+            "vision_model": ("c_fc", "c_proj", "out_proj"),
+            "vision_projection": ("align_projector",),
+        },
     ),
 ]

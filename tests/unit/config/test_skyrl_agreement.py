@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _shared import QWEN3_PROJECTION, names, trainable
+from _family_parts import part_of, parts_of
+from _shared import names, trainable
 
 from bridge_freeze_plugin.config import load_run
 from bridge_freeze_plugin.errors import ConfigLoadError, InvalidFreezeConfigError
@@ -58,6 +59,8 @@ VLM_SFT = [
     "optimizer_config.lr=2e-6", "placement.num_gpus_per_node=4", "megatron_config.tensor_model_parallel_size=1",
     "megatron_config.pipeline_model_parallel_size=1", "megatron_config.context_parallel_size=1",
 ]
+SFT_ALL_FROZEN = [f"megatron_config.transformer_config_kwargs.freeze_{part}=true"
+                  for part in ("language_model", "vision_model", "vision_projection")]
 PROJECTION_ONLY = [f"{K}.freeze_language_model=true", f"{K}.freeze_vision_model=true"]
 
 
@@ -77,6 +80,10 @@ class Case:
     build: str | None = None
     trains: frozenset[str] = field(default_factory=frozenset)
     routers_frozen: bool = False
+    #: the parts check-config says LoRA puts adapters in ("yes"; every other part "no"), checked on the build
+    adapters: frozenset[str] | None = None
+    #: the plugin's error that the build raises where check-config refuses what SkyRL's loader accepts
+    build_refuses: str | None = None
 
 
 def case(id, layout, overrides, skyrl, ours, **kw) -> pytest.param:
@@ -144,6 +151,31 @@ CASES = [
          differs="the RL weight sync moves SkyRL's adapters (or merged weights) only: the full-rank parts next to "
                  "them would never reach the inference engine, which would generate from stale weights",
          says=r"transformer_config_kwargs\.freeze_vision_model=true with LoRA .* in an RL run"),
+    # SkyRL's worker hands Bridge's LoRA "all-linear" (its default) as six Megatron leaf names: a part gets adapters
+    # where it has modules of those names (Qwen3-VL's Megatron vision tower and merger do; Qwen2.5-VL's HF tower does
+    # not; Gemma 3's SigLIP tower has a plain torch.nn.Linear out_proj)
+    case("sft-lora-all-linear-everything-frozen", "sft", ["model.lora.rank=8", *SFT_ALL_FROZEN], True, True,
+         build="qwen3_vl", adapters=ALL),
+    case("sft-lora-all-linear-next-to-a-full-rank-projection", "sft", ["model.lora.rank=4", *SFT_ALL_FROZEN[:2]],
+         True, False, build="qwen3_vl", build_refuses="LoraOverlapError",
+         differs="SkyRL's all-linear list names linear_fc1 / linear_fc2, which Qwen3-VL's merger and DeepStack "
+                 "mergers have: adapters on the projection it trains at full rank, which the build refuses",
+         says=r"'linear_fc1' \(in vision_projection\).*LoraOverlapError"),
+    case("sft-lora-all-linear-hf-vision-tower-trains", "sft", ["model.lora.rank=4", SFT_ALL_FROZEN[0]], True, True,
+         build="qwen25_vl", trains=frozenset({"vision_model", "vision_projection"}),
+         adapters=frozenset({"language_model"})),
+    case("sft-lora-narrow-list-hf-vision-tower", "sft", [
+        "model.lora.rank=4", "model.lora.target_modules=[linear_qkv,linear_proj]", *SFT_ALL_FROZEN[:2]], True, True,
+         build="qwen25_vl", trains=frozenset({"vision_projection"}), adapters=frozenset({"language_model"})),
+    case("sft-lora-narrow-list-megatron-vision-tower", "sft", [
+        "model.lora.rank=4", "model.lora.target_modules=[linear_qkv,linear_proj]", *SFT_ALL_FROZEN[:2]], True, True,
+         build="qwen3_vl", trains=frozenset({"vision_projection"}),
+         adapters=frozenset({"language_model", "vision_model"})),
+    case("sft-lora-all-linear-siglip-out-proj", "sft", ["model.lora.rank=4", *SFT_ALL_FROZEN], True, False,
+         build="gemma3_vl", build_refuses="UnexportableAdapterError",
+         differs="SkyRL's all-linear list names out_proj, a plain torch.nn.Linear of Gemma 3's SigLIP tower: Bridge "
+                 "wraps it as LinearAdapter, whose training no export carries, and the build refuses it",
+         says=r"'out_proj' \(reaches vision_tower\)"),
     case("rl-typo-section", "rl", ["trainer.polcy.model.path=x"], False, False,
          says=r"Invalid fields \{'polcy'\} for TrainerConfig\); did you mean trainer\.policy\?"),
     case("rl-typo-megatron-field", "rl", [f"{P}.tensor_model_paralel_size=2"], False, False,
@@ -227,7 +259,10 @@ def check_config(c: Case, overrides: tuple[str, ...] | None = None):
     from bridge_freeze_plugin.errors import BridgeFreezeError
 
     try:
-        run = load_run(DUMPS[c.layout] if c.dump else None, overrides or c.overrides, layout=c.layout)
+        # a LoRA case names its family (check-config --family): where adapters land depends on its modules
+        family = c.build if overrides is None and (c.adapters is not None or c.build_refuses) else None
+        run = load_run(DUMPS[c.layout] if c.dump else None, overrides or c.overrides, layout=c.layout,
+                       family=family)
         run.validate()
     except BridgeFreezeError as exc:
         return exc
@@ -300,15 +335,24 @@ def test_the_committed_dumps_and_listing_are_what_the_installed_skyrl_writes(sky
 # ---- the build: SkyRL 0.4.0's provider calls, in its order, on the harness's tiny models ------------------------
 
 
-class SkyRLLoRAHolder:
-    """SkyRL 0.4.0's MegatronWorker as its LoRA pre-wrap hook sees it (``configure_lora`` for ``lora_type="lora"``
-    and a list of targets; ``make_megatron_module``'s closure over ``self``): the worker does not import here."""
+#: SkyRL 0.4.0's MegatronWorker.configure_lora, lora_type "lora": what it gives Bridge's LoRA for "all-linear".
+SKYRL_ALL_LINEAR = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj"]
 
-    def __init__(self, lora) -> None:
+
+class SkyRLLoRAHolder:
+    """SkyRL 0.4.0's MegatronWorker as its LoRA pre-wrap hook sees it (``configure_lora`` for ``lora_type="lora"``:
+    ``"all-linear"`` as its six leaf names, less ``in_proj`` where SkyRL's own ``gdn_in_proj_lora_is_safe`` says so;
+    ``make_megatron_module``'s closure over ``self``): the worker does not import here."""
+
+    def __init__(self, lora, bridge) -> None:
         import torch
         from megatron.bridge.peft.lora import LoRA
+        from skyrl.backends.skyrl_train.distributed.megatron.megatron_utils import gdn_in_proj_lora_is_safe
 
-        self.lora_cls = LoRA(target_modules=list(lora.target_modules), dim=lora.rank, alpha=lora.alpha,
+        targets = lora.target_modules
+        if targets == "all-linear":
+            targets = [t for t in SKYRL_ALL_LINEAR if t != "in_proj" or gdn_in_proj_lora_is_safe(bridge)]
+        self.lora_cls = LoRA(target_modules=list(targets), dim=lora.rank, alpha=lora.alpha,
                              dropout=lora.dropout, lora_A_init_method=lora.init_method, lora_B_init_method="zero",
                              exclude_modules=list(lora.exclude_modules or []), lora_dtype=torch.float32,
                              share_expert_adapters=lora.share_expert_adapters)
@@ -338,42 +382,67 @@ def skyrl_build(checkpoint: Path, family: str, megatron_config, lora) -> list:
     if megatron_config.freeze_dsa_indexer:
         provider.register_pre_wrap_hook(freeze_dsa_indexer)
     if lora.rank > 0:
-        provider.register_pre_wrap_hook(SkyRLLoRAHolder(lora).hook())
+        provider.register_pre_wrap_hook(SkyRLLoRAHolder(lora, bridge).hook())
     return build_hf_chunks(family, provider)
 
 
-PARTS = {
-    "vision_projection": lambda n: bool(QWEN3_PROJECTION.match(n)),
-    "vision_model": lambda n: n.startswith("vision_model.") and not QWEN3_PROJECTION.match(n),
-    "language_model": lambda n: n.startswith("language_model."),
-}
-
-
-@needs_skyrl
-@pytest.mark.parametrize("c", [p for p in CASES if p.values[0].build])
-def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_as_released, tmp_path):
-    from skyrl.train.config import SkyRLTrainConfig
-    from skyrl.train.config.sft_config import SFTConfig
-
+def _with_checkpoint(c: Case, tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
     from bridge_freeze_harness.hf_checkpoint import write_tiny_hf_checkpoint
 
     checkpoint = write_tiny_hf_checkpoint(c.build, tmp_path / "hf")
     path_key = "trainer.policy.model.path" if c.layout == "rl" else "model.path"
-    overrides = (*[o for o in c.overrides if not o.startswith(path_key)], f"{path_key}={checkpoint}")
+    return checkpoint, (*[o for o in c.overrides if not o.startswith(path_key)], f"{path_key}={checkpoint}")
+
+
+def _skyrl_policy(c: Case, overrides: tuple[str, ...]):
+    from skyrl.train.config import SkyRLTrainConfig
+    from skyrl.train.config.sft_config import SFTConfig
+
+    cfg = (SkyRLTrainConfig if c.layout == "rl" else SFTConfig).from_cli_overrides(list(overrides))
+    return cfg.trainer.policy if c.layout == "rl" else cfg
+
+
+@needs_skyrl
+@pytest.mark.parametrize("c", [p for p in CASES if p.values[0].build and not p.values[0].build_refuses])
+def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_as_released, tmp_path):
+    from bridge_freeze_plugin.config import lora_adapter_parts
+
+    checkpoint, overrides = _with_checkpoint(c, tmp_path)
     run = check_config(c, overrides)
     assert not isinstance(run, Exception), run
     predicted = parts(run.settings.selection.trained_parts())
     assert predicted == c.trains and run.settings.family is not None and run.settings.family.name == c.build
-    cfg = (SkyRLTrainConfig if c.layout == "rl" else SFTConfig).from_cli_overrides(list(overrides))
-    policy = cfg.trainer.policy if c.layout == "rl" else cfg
+    said = lora_adapter_parts(run.settings.lora, run.settings.family)
+    if c.adapters is not None:
+        assert said == {part: "yes" if part in c.adapters else "no" for part in parts_of(c.build)}
+    policy = _skyrl_policy(c, overrides)
     chunks = skyrl_build(checkpoint, c.build, policy.megatron_config, policy.model.lora)
     every = names(chunks)
-    expected = {n for n in every if any(PARTS[part](n) for part in predicted)}
+    expected = {n for n in every if part_of(c.build, n) in predicted}
     if policy.model.lora.rank > 0:  # the parts predicted train at full rank, next to every adapter
-        expected |= {n for n in every if ".adapter." in n}
+        adapters = {n for n in every if ".adapter." in n}
+        expected |= adapters
+        if c.adapters is not None:  # adapters in exactly the parts check-config said
+            assert {part_of(c.build, n) for n in adapters} == c.adapters
     if c.routers_frozen:
         expected -= {n for n in every if n.startswith("language_model.") and ".mlp.router." in n}
     assert expected and trainable(chunks) == expected
+
+
+@needs_skyrl
+@pytest.mark.parametrize("c", [p for p in CASES if p.values[0].build_refuses])
+def test_what_check_config_refuses_for_lora_the_build_refuses(c, cpu_bridge, skyrl_as_released, tmp_path):
+    """Where check-config refuses a LoRA target list SkyRL's loader takes, the plugin's build (through SkyRL's
+    provider calls, its all-linear mapping included) refuses it too, before training, with the error check-config
+    names."""
+    from bridge_freeze_plugin import errors
+
+    checkpoint, overrides = _with_checkpoint(c, tmp_path)
+    refused = check_config(c, overrides)
+    assert isinstance(refused, Exception) and re.search(c.says, str(refused), re.S), refused
+    policy = _skyrl_policy(c, overrides)
+    with pytest.raises(getattr(errors, c.build_refuses)):
+        skyrl_build(checkpoint, c.build, policy.megatron_config, policy.model.lora)
 
 
 def test_an_enum_tag_is_read_only_as_a_member_of_a_skyrl_enum(tmp_path, monkeypatch):

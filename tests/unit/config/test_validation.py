@@ -581,7 +581,9 @@ def test_warnings_come_from_global_rank_0_only(monkeypatch, model_dirs):
 
 @pytest.mark.parametrize(("selection", "targets", "overlap"), [
     (PROJECTION_ONLY, ["language_model.*linear_qkv"], None),
-    (PROJECTION_ONLY, ["linear_qkv", "linear_fc1"], None),  # leaf names: the build checks them
+    # leaf names: matched against the family's linear_leaves (Qwen3-VL's merger has linear_fc1, no linear_qkv)
+    (PROJECTION_ONLY, ["linear_qkv", "linear_fc1"], "vision_projection"),
+    (PROJECTION_ONLY, ["linear_qkv", "linear_proj"], None),
     (PROJECTION_ONLY, ["vision_model.merger.*"], "vision_projection"),
     (PROJECTION_ONLY, ["vision_model.*"], "vision_projection"),  # reaches into the merger inside vision_model
     ({"freeze_language_model": True, "freeze_vision_projection": True}, ["vision_model.decoder.layers.*"],
