@@ -15,6 +15,7 @@ from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
 if TYPE_CHECKING:
+    from bridge_freeze_plugin.prewrap._origins import FlagOrigin
     from bridge_freeze_plugin.request import PatternSummary
 
 __all__ = ["DefaultOverride", "FreezeReport", "PartCount", "log_report"]
@@ -49,8 +50,10 @@ class FreezeReport:
     patterns: PatternSummary | None = field(default=None)
     #: What the build is when it is not one that trains (``None``: wrapped for training): its first line says so.
     untrained: str | None = field(default=None)
-    #: (flag, file): a flag set true that a saved config this process read holds true too (it may come from there)
+    #: (flag, file): a flag set true whose value came from a saved config (NeMo-RL's conversion cache, a checkpoint)
     saved_flags: tuple[tuple[str, str], ...] = field(default=())
+    #: where each flag of the family's parts got its value: this run's setting, the default, a saved config
+    flag_origins: tuple[FlagOrigin, ...] = field(default=())
 
     @property
     def part_names(self) -> tuple[Part, ...]:
@@ -83,6 +86,7 @@ class FreezeReport:
             "notes": list(self.notes),
             "untrained": self.untrained,
             "saved_flags": dict(self.saved_flags),
+            "flag_origins": {o.flag: o.as_dict() for o in self.flag_origins},
             "overridden_defaults": [
                 {"flag": o.flag, "provider_default": o.provider_default, "value": o.value}
                 for o in self.overridden_defaults
@@ -113,8 +117,7 @@ class FreezeReport:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
-        lines.extend(f"  {flag}=true: as in the saved config {path} (a fresh provider has false)"
-                     for flag, path in self.saved_flags)
+        lines.extend(f"  {origin.line()}" for origin in self.flag_origins)
         if self.patterns is not None:
             from bridge_freeze_plugin.request import summary_lines
 

@@ -132,6 +132,8 @@ class PluginState:
     #: provider instance -> :class:`ProviderState`; model chunk -> :class:`ChunkState` (by identity)
     providers: IdentityTable = field(default_factory=IdentityTable)
     chunks: IdentityTable = field(default_factory=IdentityTable)
+    #: provider instance -> where its flags' values came from (``prewrap._origins``), by identity
+    flag_origins: IdentityTable = field(default_factory=IdentityTable)
 
 
 # A reload of this module (``importlib.reload``) runs it again in the same namespace: keep the objects
