@@ -38,6 +38,9 @@ class BuildContext:
     #: What the build is when no optimizer can train it (``wrap_with_ddp=False``, the meta device); ``None``: a
     #: build wrapped for training. The report's first line says it.
     untrained: str | None = None
+    #: What a further build wrapped for training of an already built provider is (NeMo-RL's reference policy);
+    #: ``None``: its first. The report's first line says it.
+    repeat: str | None = None
     #: flag -> the saved config (``run_config.yaml``) a flag set true came from (:mod:`._origins`)
     saved_flags: tuple[tuple[str, str], ...] = ()
     #: where each flag of the family's parts got its value (:mod:`._origins`), in vocabulary order
@@ -104,6 +107,7 @@ class BuildContext:
             notes=self.notes,
             patterns=patterns,
             untrained=self.untrained,
+            repeat=self.repeat,
             saved_flags=self.saved_flags,
             flag_origins=self.flag_origins,
         )

@@ -45,6 +45,8 @@ class ProviderState:
 
     report: Any = None  # FreezeReport of the last build
     recompute_warned: bool = False
+    #: builds wrapped for training that made their report (a further one is another model: NeMo-RL's reference)
+    training_builds: int = 0
 
 
 @dataclass
