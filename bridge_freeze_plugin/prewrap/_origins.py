@@ -39,8 +39,8 @@ from bridge_freeze_plugin.prewrap._state import STATE
 INSTANTIATE = ("megatron.bridge.utils.instantiate_utils", "instantiate")
 
 #: ``dataclasses.replace`` (3.12) and ``_replace`` (3.13+, through ``__replace__``): code -> its source argument.
-_REPLACE_CODES = {getattr(getattr(dataclasses, name, None), "__code__", None): arg
-                  for name, arg in (("replace", "obj"), ("_replace", "self"))}
+_REPLACE_CODES = {code: arg for name, arg in (("replace", "obj"), ("_replace", "self"))
+                  if (code := getattr(getattr(dataclasses, name, None), "__code__", None)) is not None}
 #: How far up the stack from a flag's first write the replace that made the provider may be.
 _DEPTH = 8
 
