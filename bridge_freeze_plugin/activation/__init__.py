@@ -6,6 +6,7 @@
 - :mod:`.freezable`: :class:`FreezableVLMProvider`, :func:`make_freezable`, and the generated freezable subclasses
   (importable by name, so a provider pickles and survives Bridge's ``run_config.yaml``). Its name is public
   because Bridge writes it as ``_target_`` and refuses a path with a private segment;
+- :mod:`._saved_reads`: Bridge's ``instantiate`` marks a provider made from a saved config with its file;
 - :mod:`._provider_fields`: the plugin's settings as real dataclass fields of every patched provider class.
 """
 

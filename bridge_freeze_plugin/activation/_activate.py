@@ -34,11 +34,13 @@ from typing import Any
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.activation import freezable as generated
 from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
+from bridge_freeze_plugin.activation._saved_reads import mark_instantiated
 from bridge_freeze_plugin.activation._version import warn_untested_bridge
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
 from bridge_freeze_plugin.prewrap import (
+    INSTANTIATE,
     MISSING,
     RUN_CONFIG_READERS,
     STATE,
@@ -81,6 +83,7 @@ def activate() -> None:
     POST_IMPORT.watch(_GET_MODEL[0], _route_get_model)
     for module, _ in RUN_CONFIG_READERS:
         POST_IMPORT.watch(module, _record_run_configs)
+    POST_IMPORT.watch(INSTANTIATE[0], mark_instantiated)
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, _check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)

@@ -20,6 +20,8 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 - :mod:`._adapters`: what the plugin knows of Bridge's PEFT conventions;
 - :mod:`._collective`: an error on one rank is an error on every rank;
 - :mod:`._model_wide`: the model-wide report over tensor / pipeline / expert ranks (one ``all_reduce``);
+- :mod:`._saved` and :mod:`._origins`: the saved configs this process read, and where each flag's value came from
+  (this run's setting, the default, a saved config) for the report;
 - :mod:`._provider`: the questions asked of a provider (its family, its flags, Bridge's own defaults);
 - :mod:`._state`: the plugin's one mutable state (patch records, per-provider and per-chunk state);
 - :mod:`._counting` and :mod:`._report`: parameters counted per part, and the :class:`FreezeReport`;
@@ -35,6 +37,7 @@ from bridge_freeze_plugin.prewrap._freeze import PART_ATTR, apply_selection, fre
 from bridge_freeze_plugin.prewrap._hooks import HookChain, model_wide_checks_skipped
 from bridge_freeze_plugin.prewrap._lora import trainable_state_dict
 from bridge_freeze_plugin.prewrap._model_wide import last_report
+from bridge_freeze_plugin.prewrap._origins import INSTANTIATE, FlagOrigin, Source, flag_origins, instantiating
 from bridge_freeze_plugin.prewrap._pipeline import (
     get_model_frozen,
     preflight,
@@ -61,6 +64,7 @@ from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved
 from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
 
 __all__ = [
+    "INSTANTIATE",
     "MISSING",
     "PART_ATTR",
     "PLUGIN_CLASS_MARK",
@@ -71,10 +75,12 @@ __all__ = [
     "Classifier",
     "DefaultOverride",
     "FlagField",
+    "FlagOrigin",
     "FreezeReport",
     "HookChain",
     "PartCount",
     "PartTally",
+    "Source",
     "affected_parts",
     "apply_selection",
     "as_chunks",
@@ -83,10 +89,12 @@ __all__ = [
     "chunk_state",
     "declared_default",
     "flag_attributes",
+    "flag_origins",
     "forget_saved",
     "freeze_chunks",
     "full_recompute_adjustment",
     "get_model_frozen",
+    "instantiating",
     "is_full",
     "is_plugin_class",
     "last_report",

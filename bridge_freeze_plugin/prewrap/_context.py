@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap._counting import PartTally
+from bridge_freeze_plugin.prewrap._origins import FlagOrigin, Source, flag_origins
 from bridge_freeze_plugin.prewrap._provider import (
     model_name_of,
     overridden_defaults,
@@ -15,8 +16,7 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_aliases_back,
 )
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.prewrap._saved import saved_flags
-from bridge_freeze_plugin.request import FreezeSelection, Part, asked_text
+from bridge_freeze_plugin.request import INFO, FreezeSelection, Part, asked_text
 
 if TYPE_CHECKING:
     from bridge_freeze_plugin.request import PatternSummary
@@ -38,22 +38,32 @@ class BuildContext:
     #: What the build is when no optimizer can train it (``wrap_with_ddp=False``, the meta device); ``None``: a
     #: build wrapped for training. The report's first line says it.
     untrained: str | None = None
-    #: flag -> the saved config (``run_config.yaml``) this process read that holds it true too (:mod:`._saved`)
+    #: What a further build wrapped for training of an already built provider is (NeMo-RL's reference policy);
+    #: ``None``: its first. The report's first line says it.
+    repeat: str | None = None
+    #: flag -> the saved config (``run_config.yaml``) a flag set true came from (:mod:`._origins`)
     saved_flags: tuple[tuple[str, str], ...] = ()
+    #: where each flag of the family's parts got its value (:mod:`._origins`), in vocabulary order
+    flag_origins: tuple[FlagOrigin, ...] = ()
 
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
         """Read the provider once. Raises ``UnsupportedFreezeFlagError`` for a flag no family can honour."""
-        if selection is None:
-            selection = FreezeSelection.from_object(provider)
+        from_provider = selection is None
+        selection = FreezeSelection.from_object(provider) if selection is None else selection
+        family = resolve_family(provider, selection)
+        flags = [INFO[part].flag for part in family.part_names()] if family is not None else []
+        origins = flag_origins(provider, {flag: getattr(selection, flag) for flag in flags})
+        if from_provider:
             write_aliases_back(provider, selection)  # what Bridge saves of the provider says what was built
         return cls(
-            family=resolve_family(provider, selection),
+            family=family,
             selection=selection,
             provider_label=provider_label(provider),
             model_name=model_name_of(provider),
             overridden_defaults=overridden_defaults(provider),
-            saved_flags=tuple(saved_flags(provider, selection.set_flags()).items()),
+            saved_flags=tuple((o.flag, o.path) for o in origins if o.source is Source.SAVED and o.value and o.path),
+            flag_origins=origins,
         )
 
     def wants_trainable(self, name: str, part: Part | None) -> bool | None:
@@ -97,5 +107,7 @@ class BuildContext:
             notes=self.notes,
             patterns=patterns,
             untrained=self.untrained,
+            repeat=self.repeat,
             saved_flags=self.saved_flags,
+            flag_origins=self.flag_origins,
         )

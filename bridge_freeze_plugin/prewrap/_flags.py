@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from bridge_freeze_plugin.prewrap._origins import note_set
+
 _LOCAL = threading.local()
 
 
@@ -62,6 +64,7 @@ class FlagField:
 
     def __set__(self, obj: Any, value: Any) -> None:
         obj.__dict__[self.name] = value
+        note_set(obj, self.name, value)  # where the value came from, for the report (:mod:`._origins`)
 
     def __repr__(self) -> str:
         return f"<bridge-freeze flag {self.name} (default {self.default})>"

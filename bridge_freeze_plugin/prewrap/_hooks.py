@@ -31,6 +31,7 @@ from bridge_freeze_plugin.prewrap._freeze import claim_report, count_parts, free
 from bridge_freeze_plugin.prewrap._lora import after_peft, find_peft
 from bridge_freeze_plugin.prewrap._model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.prewrap._report import FreezeReport, log_report
+from bridge_freeze_plugin.prewrap._state import provider_state
 from bridge_freeze_plugin.request import INFO, check_lora_targets, label
 
 Hook = Callable[[list[Any]], Any]
@@ -166,6 +167,8 @@ class HookChain:
             report = model_wide_report(model, count_parts(model, self.context, classifier), classifier)
             check_parts_present(report, self.context)  # model-wide: the same verdict on every rank
             store_report(self.provider, report)
+            if self.context.untrained is None:
+                provider_state(self.provider).training_builds += 1
             if claim_report(model):
                 log_report(report)
         return model

@@ -91,6 +91,9 @@ def check_recompute(provider: Any, context: BuildContext) -> BuildContext:
 NOT_WRAPPED = ("wrap_with_ddp=False: a checkpoint conversion, an export or an inference copy, nothing trains here; "
                "a later run may reuse what Bridge saves of this provider")
 ON_META = "built on the meta device for a plan: no weights, nothing trains"
+#: What a further build wrapped for training of a provider already built so is, in its report's first line.
+REPEATED = ("a provider already built for training in this process (NeMo-RL's reference policy is one: built for "
+            "its log-probabilities, never stepped; the first build's report is the run's)")
 
 
 def untrained_kind(provider: Any, wrap_with_ddp: Any = True, meta: Any = None) -> str | None:
@@ -110,11 +113,18 @@ def _arguments(build: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
         return dict(kwargs)
 
 
-def preflight(provider: Any, untrained: str | None = None) -> BuildContext:
-    """Everything the provider can tell before a model is built (raises before any build)."""
+def repeat_kind(provider: Any, untrained: str | None) -> str | None:
+    """What a build wrapped for training is when the provider already had one (``None``: its first)."""
+    return REPEATED if untrained is None and provider_state(provider).training_builds else None
+
+
+def preflight(provider: Any, untrained: str | None = None, distributed: bool = False) -> BuildContext:
+    """Everything the provider can tell before a model is built (raises before any build). ``distributed``: a
+    ``provide_distributed_model`` / ``get_model`` build, which may be a further model from the provider."""
     context = BuildContext.of(provider)
-    if untrained is not None:
-        context = dataclasses.replace(context, untrained=untrained)
+    repeat = repeat_kind(provider, untrained) if distributed else None
+    if untrained is not None or repeat is not None:
+        context = dataclasses.replace(context, untrained=untrained, repeat=repeat)
     return check_recompute(provider, context)
 
 
@@ -179,7 +189,7 @@ def provide_distributed_frozen(provider: Any, build: Callable[..., Any], *args: 
         return build(*args, **kwargs)
     bound = _arguments(build, args, kwargs)
     context = preflight(provider, untrained_kind(provider, bound.get("wrap_with_ddp", True),
-                                                 bound.get("init_model_with_meta_device")))
+                                                 bound.get("init_model_with_meta_device")), distributed=True)
     hooks = user_hooks(provider, kwargs.pop("pre_wrap_hook", None))
     kwargs["pre_wrap_hook"] = HookChain(provider, context, hooks)
     with _entered(provider, _Call(context, distributed=True, providing=False)):
@@ -202,7 +212,8 @@ def get_model_frozen(build: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     if provider is None or id(provider) in _calls() or family_for_provider(provider) is None:
         return build(*args, **kwargs)
     context = preflight(provider, untrained_kind(provider, bound.arguments.get("wrap_with_ddp", True),
-                                                 bound.arguments.get("init_model_with_meta_device")))
+                                                 bound.arguments.get("init_model_with_meta_device")),
+                        distributed=True)
     explicit = bound.arguments.get("pre_wrap_hook")
     hooks = user_hooks(provider, explicit) if explicit else []
     bound.arguments["pre_wrap_hook"] = HookChain(provider, context, hooks)

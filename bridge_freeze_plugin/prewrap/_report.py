@@ -15,6 +15,7 @@ from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
 if TYPE_CHECKING:
+    from bridge_freeze_plugin.prewrap._origins import FlagOrigin
     from bridge_freeze_plugin.request import PatternSummary
 
 __all__ = ["DefaultOverride", "FreezeReport", "PartCount", "log_report"]
@@ -49,8 +50,12 @@ class FreezeReport:
     patterns: PatternSummary | None = field(default=None)
     #: What the build is when it is not one that trains (``None``: wrapped for training): its first line says so.
     untrained: str | None = field(default=None)
-    #: (flag, file): a flag set true that a saved config this process read holds true too (it may come from there)
+    #: What a further build wrapped for training of a provider already built so is (its first line says so)
+    repeat: str | None = field(default=None)
+    #: (flag, file): a flag set true whose value came from a saved config (NeMo-RL's conversion cache, a checkpoint)
     saved_flags: tuple[tuple[str, str], ...] = field(default=())
+    #: where each flag of the family's parts got its value: this run's setting, the default, a saved config
+    flag_origins: tuple[FlagOrigin, ...] = field(default=())
 
     @property
     def part_names(self) -> tuple[Part, ...]:
@@ -82,7 +87,9 @@ class FreezeReport:
             "total": self.total,
             "notes": list(self.notes),
             "untrained": self.untrained,
+            "repeat": self.repeat,
             "saved_flags": dict(self.saved_flags),
+            "flag_origins": {o.flag: o.as_dict() for o in self.flag_origins},
             "overridden_defaults": [
                 {"flag": o.flag, "provider_default": o.provider_default, "value": o.value}
                 for o in self.overridden_defaults
@@ -97,7 +104,8 @@ class FreezeReport:
         model = f" ({self.model_name})" if self.model_name else ""
         with_adapters = any(c.adapter_tensors for c in self.parts)
         extra = f" {'full-rank':>14} {'adapters':>12}" if with_adapters else ""
-        kind = f"not a training build ({self.untrained}): " if self.untrained else ""
+        kind = (f"not a training build ({self.untrained}): " if self.untrained
+                else f"another model from {self.repeat}: " if self.repeat else "")
         lines = [
             f"bridge-freeze: {kind}{self.provider}{model}, family {self.family}: "
             f"{self.selection.describe(self.part_names)}" + (" (+ LoRA adapters)" if with_adapters else ""),
@@ -113,8 +121,7 @@ class FreezeReport:
             lines.append(
                 "  provider defaults overridden: " + ", ".join(str(o) for o in self.overridden_defaults)
             )
-        lines.extend(f"  {flag}=true: as in the saved config {path} (a fresh provider has false)"
-                     for flag, path in self.saved_flags)
+        lines.extend(f"  {origin.line()}" for origin in self.flag_origins)
         if self.patterns is not None:
             from bridge_freeze_plugin.request import summary_lines
 
@@ -127,7 +134,7 @@ def log_report(report: FreezeReport) -> None:
     if not is_rank0():
         return
     logger.info("%s", report.format())
-    if report.saved_flags and report.untrained is None:
+    if report.saved_flags and report.untrained is None and report.repeat is None:  # said once, at the first
         files = sorted({path for _, path in report.saved_flags})
         logger.warning(
             "bridge-freeze: %s on %s: true in the saved config %s, which this run built its provider from (NeMo-RL's "

@@ -1,14 +1,14 @@
 """Saved provider configs this process read, so a build can say which flag values came from one (issue 35 item 1).
 
 A run may build from a provider Bridge saved, not from its own settings: NeMo-RL reloads its conversion cache
-(``<dir>/<model>/iter_0000000/run_config.yaml``) at every set-up, Bridge's ``load_model_config`` and resume read a
+(``<dir>/<model>/iter_0000000/run_config.yaml``) at every set-up, Bridge's ``load_model_config`` reads a
 checkpoint's ``run_config.yaml``. Both read the file with Bridge's ``read_run_config`` (activation wraps it to call
-:func:`record_saved`). The provider is then instantiated from it, and may be copied (NeMo-RL merges
-``model_overrides`` with ``dataclasses.replace``) and have some fields set after: no attribute links the provider a
-build sees to the file. What the build can know: a flag that is true on the provider, and true in a saved config
-of the same provider class read by this process, may have come from that file (this run's settings may have set it
-too; a fresh provider has it false, the plugin's default). The report says so per flag, and a WARNING names the
-file (:func:`saved_flags`).
+:func:`record_saved`) and instantiate the provider from its ``model`` section with Bridge's ``instantiate``
+(activation wraps it too: :func:`instantiating` marks the provider made from a recorded section with its file,
+:mod:`._origins`). A Bridge resume reads the file only to compare parallel sizes: its provider is the run's own, not
+marked. The mark follows the provider through ``dataclasses.replace`` (NeMo-RL merges ``model_overrides`` so); a
+provider copied otherwise (``copy.copy``, ``deepcopy``, pickling) has no record, and only for such a provider is a
+true flag attributed by class, to the latest saved config of its class read by this process (:func:`saved_flags`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.request import ALIASES, FLAGS
@@ -36,6 +36,10 @@ class SavedConfig:
     path: str
     target: str
     true_flags: frozenset[str]
+    #: flag -> the value the file holds (aliases merged), for each flag it writes
+    values: tuple[tuple[str, bool], ...] = ()
+    #: the ``model`` section as read (by identity: the mapping Bridge instantiates the provider from)
+    model: Any = field(default=None, compare=False, repr=False)
 
 
 _SAVED: list[SavedConfig] = []
@@ -47,11 +51,18 @@ def record_saved(path: Any, config: Any) -> None:
     model = config.get("model") if isinstance(config, Mapping) else None
     if not isinstance(model, Mapping) or not isinstance(model.get("_target_"), str):
         return
-    true = {flag for flag in FLAGS if model.get(flag) is True}
-    true |= {flag for alias, flag in ALIASES.items() if model.get(alias) is True}
+    values = {flag: model[flag] for flag in FLAGS if isinstance(model.get(flag), bool)}
+    values.update({flag: True for alias, flag in ALIASES.items() if model.get(alias) is True})
+    true = frozenset(flag for flag, value in values.items() if value)
     with _LOCK:
-        _SAVED.insert(0, SavedConfig(str(path), model["_target_"], frozenset(true)))
+        _SAVED.insert(0, SavedConfig(str(path), model["_target_"], true, tuple(sorted(values.items())), model))
         del _SAVED[_KEPT:]
+
+
+def saved_for_model(section: Any) -> SavedConfig | None:
+    """The saved config whose ``model`` section is ``section`` itself (the mapping read), if one was recorded."""
+    with _LOCK:
+        return next((s for s in _SAVED if s.model is section), None)
 
 
 def recording(read: Callable[..., Any]) -> Callable[..., Any]:

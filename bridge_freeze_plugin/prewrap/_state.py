@@ -45,6 +45,8 @@ class ProviderState:
 
     report: Any = None  # FreezeReport of the last build
     recompute_warned: bool = False
+    #: builds wrapped for training that made their report (a further one is another model: NeMo-RL's reference)
+    training_builds: int = 0
 
 
 @dataclass
@@ -132,6 +134,8 @@ class PluginState:
     #: provider instance -> :class:`ProviderState`; model chunk -> :class:`ChunkState` (by identity)
     providers: IdentityTable = field(default_factory=IdentityTable)
     chunks: IdentityTable = field(default_factory=IdentityTable)
+    #: provider instance -> where its flags' values came from (``prewrap._origins``), by identity
+    flag_origins: IdentityTable = field(default_factory=IdentityTable)
 
 
 # A reload of this module (``importlib.reload``) runs it again in the same namespace: keep the objects

@@ -161,7 +161,11 @@ def test_report_counts_and_format(cpu_bridge):
     assert report.part(Part.LANGUAGE_MODEL).trainable == 0
     text = report.format()
     assert "vision_projection" in text and "total" in text and "100.0%" in text
-    assert len(text.splitlines()) == 6  # header, column titles, 3 parts, total: no per-parameter lines
+    # header, column titles, 3 parts, total, then where each of the 3 flags came from: no per-parameter lines
+    assert len(text.splitlines()) == 6 + 3
+    assert text.splitlines()[6:] == ["  freeze_language_model=true: this run's setting",
+                                     "  freeze_vision_model=true: this run's setting",
+                                     "  freeze_vision_projection=false: this run's setting"]  # make_freezable wrote all
     assert report.as_dict()["selection"] == {  # the family's flags only (no audio side: no audio flag)
         "freeze_language_model": True, "freeze_vision_model": True, "freeze_vision_projection": False}
 

@@ -90,7 +90,7 @@ def test_a_flag_from_a_saved_config_is_said_per_flag_with_a_warning_naming_the_f
     saved = str(folder / "run_config.yaml")
     (report,) = [r.getMessage() for r in caplog.records
                  if r.levelno == logging.INFO and "bridge-freeze:" in r.getMessage()]
-    assert f"freeze_vision_model=true: as in the saved config {saved} (a fresh provider has false)" in report
+    assert f"freeze_vision_model=true: from the saved config {saved} this provider was loaded from" in report
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and saved in r.getMessage()]
     assert warnings == []  # the harness's build is not wrapped for training (wrap_with_ddp=False): no warning
     import dataclasses
@@ -107,7 +107,7 @@ def test_a_flag_from_a_saved_config_is_said_per_flag_with_a_warning_naming_the_f
     caplog.clear()
     from bridge_freeze_plugin.prewrap import forget_saved
 
-    forget_saved()  # a process that read no saved config (the attribution is by provider class: docs in _saved.py)
+    forget_saved()  # a process that read no saved config (tests/unit/integration/test_flag_origins.py: one that did)
     fresh = make_provider("qwen3_vl_moe", freeze_vision_model=True)
     build_tiny_chunks("qwen3_vl_moe", fresh)
     assert "as in the saved config" not in "\n".join(r.getMessage() for r in caplog.records)
