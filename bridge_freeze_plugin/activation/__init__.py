@@ -2,7 +2,8 @@
 
 - :mod:`._activate`: :func:`activate` / :func:`deactivate` patch every registered family's provider classes in
   place (``provide()``, the flags as fields) and guard the rest of Bridge (uncovered providers, adapter exports,
-  ``get_model``, ``setup_optimizer``); run on ``import bridge_freeze_plugin`` and by the autoload hook;
+  ``get_model``, ``setup_optimizer``); run on ``import bridge_freeze_plugin`` and by the autoload hook. The
+  in-place class patches are :mod:`._class_patch`, the module-level functions routed or checked :mod:`._module_hooks`;
 - :mod:`.freezable`: :class:`FreezableVLMProvider`, :func:`make_freezable`, and the generated freezable subclasses
   (importable by name, so a provider pickles and survives Bridge's ``run_config.yaml``). Its name is public
   because Bridge writes it as ``_target_`` and refuses a path with a private segment;
@@ -16,9 +17,9 @@ from bridge_freeze_plugin.activation._activate import (
     autoload_activate,
     deactivate,
     is_active,
-    patch_provider_class,
     patched_classes,
 )
+from bridge_freeze_plugin.activation._class_patch import patch_provider_class
 from bridge_freeze_plugin.activation._provider_fields import FLAG_FIELDS, PLUGIN_FIELDS
 from bridge_freeze_plugin.activation.freezable import _PREFIX as GENERATED_CLASS_PREFIX
 from bridge_freeze_plugin.activation.freezable import (

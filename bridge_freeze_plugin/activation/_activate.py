@@ -23,39 +23,45 @@ hook from activating again until ``activate()`` is called. Every record of what 
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import MISSING as NO_DEFAULT
 from types import ModuleType
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
 from bridge_freeze_plugin.activation import freezable as generated
-from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS, add_fields, remove_fields
+from bridge_freeze_plugin.activation._class_patch import (
+    METHODS,
+    all_subclasses,
+    patch_defined_class,
+    patch_provider_class,
+    set_function_default,
+)
+from bridge_freeze_plugin.activation._module_hooks import (
+    GET_MODEL,
+    check_part_learning_rates,
+    guard_adapter_exports,
+    record_run_configs,
+    route_get_model,
+)
+from bridge_freeze_plugin.activation._provider_fields import remove_fields
 from bridge_freeze_plugin.activation._saved_reads import mark_instantiated
 from bridge_freeze_plugin.activation._version import warn_untested_bridge
-from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
+from bridge_freeze_plugin.export import AUTO_BRIDGE
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
-from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, SETUP_OPTIMIZER_MODULES, checked_setup_optimizer
+from bridge_freeze_plugin.optim import SETUP_OPTIMIZER_MODULES
 from bridge_freeze_plugin.prewrap import (
     INSTANTIATE,
     MISSING,
     RUN_CONFIG_READERS,
     STATE,
-    FlagField,
     declared_default,
-    flag_attributes,
-    get_model_frozen,
     is_plugin_class,
-    provide_distributed_frozen,
-    provide_frozen,
-    recording,
     resolve_family,
 )
 from bridge_freeze_plugin.ranks import is_rank0
-from bridge_freeze_plugin.request import FLAGS, FreezeSelection
+from bridge_freeze_plugin.request import FreezeSelection
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -79,13 +85,13 @@ def activate() -> None:
     generated.allow_targets()
     for spec in REGISTRY:
         _watch(spec)
-    POST_IMPORT.watch(AUTO_BRIDGE[0], _guard_adapter_exports)
-    POST_IMPORT.watch(_GET_MODEL[0], _route_get_model)
+    POST_IMPORT.watch(AUTO_BRIDGE[0], guard_adapter_exports)
+    POST_IMPORT.watch(GET_MODEL[0], route_get_model)
     for module, _ in RUN_CONFIG_READERS:
-        POST_IMPORT.watch(module, _record_run_configs)
+        POST_IMPORT.watch(module, record_run_configs)
     POST_IMPORT.watch(INSTANTIATE[0], mark_instantiated)
     for module in SETUP_OPTIMIZER_MODULES:
-        POST_IMPORT.watch(module, _check_part_learning_rates)
+        POST_IMPORT.watch(module, check_part_learning_rates)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
         warn_untested_bridge()
         _guard_uncovered_providers(sys.modules[_BRIDGE])
@@ -124,7 +130,7 @@ def deactivate() -> None:
                     _restore(cls, name, value)
             record.clear()
         for func, flag, value in STATE.init_defaults:
-            _set_function_default(func, flag, value)
+            set_function_default(func, flag, value)
         STATE.init_defaults.clear()
         for cls, undo in STATE.fields_added.items():
             remove_fields(cls, undo)
@@ -149,10 +155,10 @@ def _restore(cls: type, name: str, value: Any) -> None:
 
 def _restore_later_subclasses(cls: type, flag: str, fld: Any, value: Any) -> None:
     """Subclasses dataclass'd while active baked ``False`` into their ``__init__``: give back ``value``."""
-    for klass in _all_subclasses(cls):
+    for klass in all_subclasses(cls):
         init = klass.__dict__.get("__init__")
         if init is not None and getattr(klass, "__dataclass_fields__", {}).get(flag) is fld:
-            _set_function_default(init, flag, value)
+            set_function_default(init, flag, value)
 
 
 def _patch_from_module(module: ModuleType, qualname: str) -> None:
@@ -222,7 +228,7 @@ def _guard_uncovered_providers(_module: ModuleType) -> None:
         return
     with STATE.lock:
         registered = _registered_paths()
-        for klass in [base, *_all_subclasses(base)]:
+        for klass in [base, *all_subclasses(base)]:
             if class_path(klass) in registered and not any(is_plugin_class(k) for k in klass.__mro__):
                 patch_provider_class(klass)  # every live class of a family (also one made by a reload)
             elif _overrides_family_build(klass):
@@ -246,7 +252,7 @@ def _guarding_init_subclass(cls: type, **kwargs: Any) -> None:
     if not STATE.active:
         return
     if class_path(cls) in _registered_paths() or _overrides_family_build(cls):
-        _patch_defined_class(cls)  # a family's provider class made anew (importlib.reload, exec, ...)
+        patch_defined_class(cls)  # a family's provider class made anew (importlib.reload, exec, ...)
     else:
         _guard_class(cls)
 
@@ -257,119 +263,12 @@ def _overrides_family_build(cls: type) -> bool:
     is the outermost, so it is wrapped too and the selection applies to the model it returns."""
     if REGISTRY.for_provider_class(cls) is None or any(is_plugin_class(k) for k in cls.__mro__):
         return False
-    own = [cls.__dict__.get(name) for name, _ in _METHODS]
+    own = [cls.__dict__.get(name) for name, _ in METHODS]
     return any(callable(m) and not hasattr(m, "__bridge_freeze_wrapped__") for m in own)
 
 
 def _registered_paths() -> set[str]:
     return {path for spec in REGISTRY for path in spec.providers}
-
-
-def _patch_defined_class(cls: type) -> None:
-    """Patch a registered provider class while it is being made (from ``__init_subclass__``).
-
-    ``importlib.reload`` of a Bridge provider module, or any other route that defines a family's provider
-    class after activation, makes a NEW class object that the import-time patch never saw. It is patched
-    here, before ``@dataclass`` processes its body: the methods are wrapped, and each flag becomes a
-    :class:`FlagField` defaulting to ``False`` (``@dataclass`` reads that as the field's default, and keeps
-    the descriptor); the default the class body declared is remembered for the report.
-    """
-    with STATE.lock:
-        if cls in STATE.patched:
-            return
-        originals: dict[str, Any] = {}
-        for name, run in _METHODS:
-            current = getattr(cls, name)
-            if getattr(current, "__bridge_freeze_wrapped__", None) is None:
-                originals[name] = cls.__dict__.get(name, MISSING)
-                setattr(cls, name, _wrap(current, run))
-        annotations = inspect.get_annotations(cls)
-        for flag in flag_attributes(cls):
-            raw = cls.__dict__.get(flag, MISSING)
-            default = getattr(raw, "default", raw)  # a dataclasses.field(default=...) or the value itself
-            if flag in annotations and isinstance(default, bool):
-                STATE.original_defaults[(cls, flag)] = default
-            originals[flag] = raw
-            setattr(cls, flag, FlagField(False, flag))
-        STATE.patched[cls] = originals
-        _declare_plugin_fields(cls)
-
-
-def _declare_plugin_fields(cls: type) -> None:
-    """The plugin's fields in a class body ``@dataclass`` has not processed yet (it makes them fields)."""
-    annotations = vars(cls).get("__annotations__")
-    if annotations is None:
-        annotations = {}
-        type.__setattr__(cls, "__annotations__", annotations)
-    undo: dict[str, Any] = {}
-    inherited = {name for klass in cls.__mro__[1:] for name in getattr(klass, "__dataclass_fields__", {})}
-    for flag in FLAGS:  # a flag neither this body nor a base declares: a field too (its descriptor stays)
-        if flag not in annotations and flag not in inherited:
-            annotations[flag] = "bool"
-    for name, fld in PLUGIN_FIELDS.items():
-        if name not in annotations:
-            annotations[name] = fld.type
-            undo[name] = cls.__dict__.get(name, MISSING)
-            setattr(cls, name, fld.default)
-    STATE.patched[cls].update(undo)
-
-
-def _guard_adapter_exports(module: ModuleType) -> None:
-    """Bridge's adapter-only exports refuse a run with full-rank parts (:mod:`bridge_freeze_plugin.export`)."""
-    cls = getattr(module, AUTO_BRIDGE[1], None)
-    if cls is None or not STATE.active:
-        return
-    with STATE.lock:
-        for name, guard in GUARDS.items():
-            method = cls.__dict__.get(name)
-            if callable(method) and not hasattr(method, "__bridge_freeze_wrapped__"):
-                STATE.guarded.setdefault(cls, {})[name] = method
-                setattr(cls, name, guard(name, method))
-
-
-#: Bridge's public build function (NeMo-RL and other trainers call it directly with their own hooks).
-_GET_MODEL = ("megatron.bridge.models.model_provider", "get_model")
-
-
-def _route_get_model(module: ModuleType) -> None:
-    """``get_model`` runs its hooks inside the plugin's chain (:func:`~.build.pipeline.get_model_frozen`)."""
-    original = module.__dict__.get(_GET_MODEL[1])
-    if not STATE.active or not callable(original) or hasattr(original, "__bridge_freeze_wrapped__"):
-        return
-    with STATE.lock:
-        STATE.guarded.setdefault(module, {})[_GET_MODEL[1]] = original  # type: ignore[index]
-        routed = functools.wraps(original)(functools.partial(get_model_frozen, original))
-        routed.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
-        setattr(module, _GET_MODEL[1], routed)
-
-
-def _record_run_configs(module: ModuleType) -> None:
-    """Bridge's ``read_run_config`` records the saved configs it reads (``prewrap._saved``: flag provenance)."""
-    name = RUN_CONFIG_READERS[0][1]
-    original = module.__dict__.get(name)
-    if not STATE.active or not callable(original):
-        return
-    with STATE.lock:
-        if hasattr(original, "__bridge_freeze_wrapped__"):  # imported by name from the wrapped module
-            STATE.guarded.setdefault(module, {})[name] = original.__bridge_freeze_wrapped__  # type: ignore[index]
-            return
-        STATE.guarded.setdefault(module, {})[name] = original  # type: ignore[index]
-        setattr(module, name, recording(original))
-
-
-def _check_part_learning_rates(module: ModuleType) -> None:
-    """Bridge's ``setup_optimizer`` verifies per-part learning rates (``optim._setup_check``)."""
-    original = module.__dict__.get(SETUP_OPTIMIZER)
-    if not STATE.active or not callable(original):
-        return
-    with STATE.lock:
-        if hasattr(original, "__bridge_freeze_wrapped__"):
-            # imported by name from a module already wrapped (setup.py takes it from optim.py): deactivate must
-            # give this module Bridge's own function back too
-            STATE.guarded.setdefault(module, {})[SETUP_OPTIMIZER] = original.__bridge_freeze_wrapped__  # type: ignore[index]
-            return
-        STATE.guarded.setdefault(module, {})[SETUP_OPTIMIZER] = original  # type: ignore[index]
-        setattr(module, SETUP_OPTIMIZER, checked_setup_optimizer(original))
 
 
 def _guard_class(klass: type) -> None:
@@ -385,99 +284,3 @@ def _guard_class(klass: type) -> None:
         setattr(klass, name, _guard(method))
 
 
-# ------------------------------------------------------------------------------------------------
-# In-place class patches.
-# ------------------------------------------------------------------------------------------------
-
-
-def _wrap(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return run(self, functools.partial(original, self), *args, **kwargs)
-
-    wrapper.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
-    return wrapper
-
-
-_METHODS = (("provide", provide_frozen), ("provide_distributed_model", provide_distributed_frozen))
-
-
-def patch_provider_class(cls: type) -> None:
-    """Patch one provider class in place (idempotent). Subclasses inherit the wrappers."""
-    with STATE.lock:
-        if cls in STATE.patched or any(is_plugin_class(k) for k in cls.__mro__):
-            return
-        originals: dict[str, Any] = {}
-        for name, run in _METHODS:
-            current = getattr(cls, name)
-            if getattr(current, "__bridge_freeze_wrapped__", None) is not None:
-                continue  # inherited from an already patched base
-            originals[name] = cls.__dict__.get(name, MISSING)
-            setattr(cls, name, _wrap(current, run))
-        STATE.patched[cls] = originals
-        for flag in flag_attributes(cls):
-            _default_flag_to_false(cls, flag)
-            _install_flag(cls, flag)
-        for klass in [cls, *_all_subclasses(cls)]:
-            if klass not in STATE.fields_added and not is_plugin_class(klass):
-                STATE.fields_added[klass] = add_fields(klass)
-        logger.debug("bridge-freeze: patched %s.%s", cls.__module__, cls.__qualname__)
-
-
-def _install_flag(cls: type, flag: str) -> None:
-    """The flag as a :class:`FlagField` on ``cls`` (default False) and on subclasses that redeclare it."""
-    for klass in [cls, *_all_subclasses(cls)]:
-        current = klass.__dict__.get(flag, MISSING)
-        if klass is not cls and (current is MISSING or isinstance(current, FlagField)):
-            continue
-        if isinstance(current, FlagField):
-            continue
-        STATE.patched.setdefault(klass, {})[flag] = current
-        default = False if klass is cls or not isinstance(current, bool) else current
-        setattr(klass, flag, FlagField(default, flag))
-
-
-def _default_flag_to_false(cls: type, flag: str) -> None:
-    """Make ``False`` the default of ``flag`` on ``cls`` and its existing subclasses."""
-    fld = getattr(cls, "__dataclass_fields__", {}).get(flag)
-    if fld is None or fld.default is NO_DEFAULT or fld.default is False:
-        return
-    if flag in inspect.get_annotations(cls):
-        STATE.original_defaults[(cls, flag)] = bool(fld.default)
-    STATE.field_defaults.append((cls, flag, fld, fld.default))
-    fld.default = False
-    for klass in [cls, *_all_subclasses(cls)]:
-        init = klass.__dict__.get("__init__")
-        if init is not None and getattr(klass, "__dataclass_fields__", {}).get(flag) is fld:
-            old = _set_function_default(init, flag, False)
-            if old is not MISSING:
-                STATE.init_defaults.append((init, flag, old))
-
-
-def _all_subclasses(cls: type) -> list[type]:
-    found: list[type] = []
-    stack = list(cls.__subclasses__())
-    while stack:
-        klass = stack.pop()
-        found.append(klass)
-        stack.extend(klass.__subclasses__())
-    return found
-
-
-def _set_function_default(func: Any, name: str, value: Any) -> Any:
-    """Replace the default of parameter ``name`` of ``func``; returns the old one (or MISSING)."""
-    code = func.__code__
-    if func.__kwdefaults__ and name in func.__kwdefaults__:
-        old = func.__kwdefaults__[name]
-        func.__kwdefaults__ = {**func.__kwdefaults__, name: value}
-        return old
-    positional = code.co_varnames[: code.co_argcount]
-    defaults = func.__defaults__ or ()
-    if name not in positional:
-        return MISSING
-    index = positional.index(name) - (len(positional) - len(defaults))
-    if index < 0:
-        return MISSING
-    old = defaults[index]
-    func.__defaults__ = (*defaults[:index], value, *defaults[index + 1 :])
-    return old

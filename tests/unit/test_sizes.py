@@ -23,12 +23,11 @@ FOLDERS = [
     "bridge_freeze_plugin/config",
     "bridge_freeze_plugin/export",
     "bridge_freeze_plugin/prewrap",
+    "bridge_freeze_plugin/activation",
     "bridge_freeze_harness",
 ]
 #: The folders still to split; once one complies, move its line to FOLDERS. Every folder is in one of the two lists.
-TO_DO = [
-    "bridge_freeze_plugin/activation",
-]
+TO_DO: list[str] = []
 
 
 def _modules(folder: str) -> list[Path]:
