@@ -30,9 +30,9 @@ from bridge_freeze_plugin.config._layout_bridge import BRIDGE
 from bridge_freeze_plugin.config._layout_detect import LAYOUTS
 from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
 from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
-from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._lora_rules import lora_adapter_parts, vlm_lora_effect
-from bridge_freeze_plugin.config._reading import read_settings, resolvers
+from bridge_freeze_plugin.config._reading import read_settings
 from bridge_freeze_plugin.config._rules import MEGATRON
 from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout

@@ -12,10 +12,13 @@ deciding layouts are an error. ``--layout`` forces one. What a rule needs to kno
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from bridge_freeze_plugin.request import ALIASES, Part
 
@@ -269,3 +272,19 @@ def _bridge_field_elsewhere(trainer: str) -> dict[str, str]:
                   f"in a Megatron-Bridge config (model.{key})") for key, setting in BRIDGE_FIELDS.items()}
 
 
+@contextlib.contextmanager
+def resolvers(layout: Layout) -> Iterator[None]:
+    """The OmegaConf resolvers the layout's trainer registers (NeMo-RL's ``mul``...), while reading only: those
+    this process has not registered itself are removed again afterwards."""
+    added = []
+    try:
+        # OmegaConf 2.4 deprecates register_new_resolver for register_resolver (same behaviour for these)
+        register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
+        for name, function in layout.resolvers.items():
+            if not OmegaConf.has_resolver(name):
+                register(name, function)
+                added.append(name)
+        yield
+    finally:
+        for name in added:
+            OmegaConf.clear_resolver(name)

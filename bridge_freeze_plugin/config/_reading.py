@@ -6,8 +6,7 @@ misspelt flag: errors at once); what the values mean together is for :mod:`bridg
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bridge_freeze_plugin.config._flags import _checked_section, _selection, read_selection
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS
-from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._misplaced import _own_freeze, misplaced_keys, unread_freeze_keys
 from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.config._setting_readers import (
@@ -37,24 +36,6 @@ from bridge_freeze_plugin.errors import InvalidFreezeConfigError
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.optim import read_part_learning_rates
 from bridge_freeze_plugin.request import ALIASES, FLAGS, FreezeSelection
-
-
-@contextlib.contextmanager
-def resolvers(layout: Layout) -> Iterator[None]:
-    """The OmegaConf resolvers the layout's trainer registers (NeMo-RL's ``mul``...), while reading only: those
-    this process has not registered itself are removed again afterwards."""
-    added = []
-    try:
-        # OmegaConf 2.4 deprecates register_new_resolver for register_resolver (same behaviour for these)
-        register = getattr(OmegaConf, "register_resolver", None) or OmegaConf.register_new_resolver
-        for name, function in layout.resolvers.items():
-            if not OmegaConf.has_resolver(name):
-                register(name, function)
-                added.append(name)
-        yield
-    finally:
-        for name in added:
-            OmegaConf.clear_resolver(name)
 
 
 def _resolve_all(cfg: Any, layout: Layout) -> None:

@@ -8,8 +8,7 @@ from typing import Any
 
 from bridge_freeze_plugin.config._conversion_cache import find_cache, unwritten_flag_notes
 from bridge_freeze_plugin.config._family import provider_flag_defaults
-from bridge_freeze_plugin.config._layouts import Layout
-from bridge_freeze_plugin.config._reading import resolvers
+from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.config._values import section, select
 from bridge_freeze_plugin.families import FamilySpec

@@ -15,9 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from bridge_freeze_plugin.config import _layout_detect as layouts
 from bridge_freeze_plugin.config._compose import compose
-from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._misplaced import unread_freeze_keys
-from bridge_freeze_plugin.config._reading import resolvers
 from bridge_freeze_plugin.config._skyrl import adapt
 from bridge_freeze_plugin.config._values import IN_CONFIG
 from bridge_freeze_plugin.config._yaml_files import read_yaml_file

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
@@ -22,7 +23,6 @@ from bridge_freeze_plugin.families import (
     family_for_provider,
     list_families,
 )
-from bridge_freeze_plugin.prewrap._report import DefaultOverride
 from bridge_freeze_plugin.prewrap._state import STATE
 from bridge_freeze_plugin.request import ALIASES, FLAG_PARTS, FLAGS, FreezeSelection, asked_text, label
 
@@ -31,6 +31,18 @@ PLUGIN_CLASS_MARK = "_bridge_freeze_plugin_class"
 
 #: Provider attributes that may name the model (first non-empty string wins).
 _MODEL_NAME_ATTRS = ("hf_model_id", "hf_model_name", "name_or_path", "_name_or_path")
+
+
+@dataclass(frozen=True)
+class DefaultOverride:
+    """A provider's declared default for a flag, replaced by the value the plugin wrote."""
+
+    flag: str
+    provider_default: bool
+    value: bool
+
+    def __str__(self) -> str:
+        return f"{self.flag}={self.provider_default} replaced by {self.value}"
 
 
 def is_plugin_class(cls: type) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.prewrap._counting import PartCount
+from bridge_freeze_plugin.prewrap._provider import DefaultOverride
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
@@ -21,18 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["DefaultOverride", "FreezeReport", "PartCount", "log_report"]
 
 logger = logging.getLogger("bridge_freeze_plugin")
-
-
-@dataclass(frozen=True)
-class DefaultOverride:
-    """A provider's declared default for a flag, replaced by the value the plugin wrote."""
-
-    flag: str
-    provider_default: bool
-    value: bool
-
-    def __str__(self) -> str:
-        return f"{self.flag}={self.provider_default} replaced by {self.value}"
 
 
 @dataclass(frozen=True)
