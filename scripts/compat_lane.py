@@ -98,7 +98,10 @@ def run(args: list[str], env: dict[str, str], timeout: int) -> tuple[str, float,
         return "timed out", time.perf_counter() - started, ""
     seconds = time.perf_counter() - started
     output = done.stdout + done.stderr
-    counts = ", ".join(f"{n} {what}" for n, what in _SUMMARY.findall(output.splitlines()[-1] if output else ""))
+    # pytest's summary line ("... 3 passed, 1 skipped in 9.87s"): the last one (a process may log after it)
+    summary = next((line for line in reversed(output.splitlines()) if _SUMMARY.search(line)
+                    and re.search(r" in [\d.]+s", line)), "")
+    counts = ", ".join(f"{n} {what}" for n, what in _SUMMARY.findall(summary))
     return counts or f"exit {done.returncode}", seconds, "\n".join(output.splitlines()[-5:])
 
 
