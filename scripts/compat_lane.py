@@ -3,9 +3,10 @@
 CI runs the pinned releases (Megatron-Bridge 0.6.2, megatron-core 0.19.2). The plugin's users pin other commits
 (NeMo-RL: Bridge 8c46dc42 / megatron-core 14346b65; SkyRL: Bridge 91a15142 / megatron-core 64c3fb86). This script
 takes a Bridge source tree and a megatron-core source tree, copies their ``megatron/bridge``, ``megatron/core`` and
-``megatron/training`` into a side folder that shadows the venv's (on ``PYTHONPATH`` before site-packages; ``megatron`` is a namespace
-package), and runs each Bridge-facing test file, ``bridge-freeze demo`` and ``bridge-freeze plan --tiny`` there,
-one process each, printing one table row per run. Nothing is installed into the venv.
+``megatron/training`` into a side folder that shadows the venv's (on ``PYTHONPATH`` before site-packages;
+``megatron`` is a namespace package), and runs each Bridge-facing test file, ``bridge-freeze demo`` and
+``bridge-freeze plan --tiny`` there, one process each, printing one table row per run. Nothing is installed into
+the venv.
 
 A source is a directory (a checkout: ``src/megatron/bridge`` or ``megatron/core`` inside it is found), or
 ``GITDIR@COMMIT``: the commit's tree taken with ``git archive`` from a git directory (a bare mirror will do)::

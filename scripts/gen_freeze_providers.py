@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compat_lane import materialise, version_of  # noqa: E402  (a sibling script, not a package)
+from compat_lane import materialise, version_of  # a sibling script, not a package
 
 FREEZE = "freeze_"
 PROVIDER_BASE = ":ModelProviderMixin"
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {"bridge": options.bridge.rpartition("@")[2] or options.bridge, "version": version,
                 "generated_by": "scripts/gen_freeze_providers.py", "classes": found}
     options.out.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"{len(found)} classes with a freeze field in Megatron-Bridge {version} -> {options.out}")
+    sys.stdout.write(f"{len(found)} classes with a freeze field in Megatron-Bridge {version} -> {options.out}\n")
     return 0
 
 
