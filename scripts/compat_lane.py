@@ -103,7 +103,9 @@ def run(args: list[str], env: dict[str, str], timeout: int) -> tuple[str, float,
     summary = next((line for line in reversed(output.splitlines()) if _SUMMARY.search(line)
                     and re.search(r" in [\d.]+s", line)), "")
     counts = ", ".join(f"{n} {what}" for n, what in _SUMMARY.findall(summary))
-    return counts or f"exit {done.returncode}", seconds, "\n".join(output.splitlines()[-5:])
+    lines = output.splitlines()
+    failures = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]  # pytest's short summary
+    return counts or f"exit {done.returncode}", seconds, "\n".join(failures[-10:] or lines[-5:])
 
 
 def out(line: str, stream=sys.stdout) -> None:
