@@ -84,9 +84,9 @@ def install() -> None:
 def te_placeholders_as_types() -> None:
     """Each TE class name megatron-core binds to a ``MagicMock`` instance without TE becomes a ``MagicMock`` subclass.
 
-    Why: megatron-core 0.20's MTP layers and Bridge 0.7.0's Qwen3-VL attention ask ``isinstance(x, TE...)`` on the
-    no-TE path, and an instance as the second argument raises ``TypeError``; a subclass answers ``False`` (and
-    calling it makes a mock, as the instance did). Rebinds the name in megatron-core's module and in every loaded
+    Why: Bridge 0.7.0's Qwen3-VL attention asks ``isinstance(core_attention, TEDotProductAttention)`` on the no-TE
+    path, and an instance as the second argument raises ``TypeError``; a subclass answers ``False`` (and calling it
+    makes a mock, as the instance did). Rebinds the name in megatron-core's module and in every loaded
     ``megatron.*`` module that imported it; later imports get the subclass. Does nothing where TE loads.
     """
     import importlib

@@ -82,8 +82,8 @@ def test_the_package_docstring_names_every_module():
 
 def test_a_te_class_placeholder_answers_isinstance(cpu_bridge):
     """Without TE, megatron-core binds its TE class names to MagicMock instances; ``isinstance`` against one raises
-    TypeError (megatron-core 0.20's MTP layers and Bridge 0.7.0's Qwen3-VL attention ask it). The harness's Bridge
-    import makes each a class no real module is an instance of."""
+    TypeError (Bridge 0.7.0's Qwen3-VL attention asks it in every forward). The harness's Bridge import makes each a
+    class no real module is an instance of."""
     import torch
     from megatron.core.extensions import transformer_engine as te_extension
 
