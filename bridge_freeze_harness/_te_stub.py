@@ -1,16 +1,17 @@
-"""A TransformerEngine stand-in that exists only while two Bridge modules execute.
+"""A TransformerEngine stand-in that exists only while the Bridge modules that import it execute.
 
 ``megatron.bridge`` imports ``transformer_engine.pytorch`` unconditionally from two modules
-(``peft/lora_layers.py`` and ``models/gpt_full_te_layer_autocast_spec.py``). Without CUDA the
-real TransformerEngine cannot load, so on a CPU machine ``import megatron.bridge`` fails.
+(``peft/lora_layers.py`` and ``models/gpt_full_te_layer_autocast_spec.py``; Bridge 0.6.0 from ``peft/lora.py``
+too). Without CUDA the real TransformerEngine cannot load, so on a CPU machine ``import megatron.bridge`` fails.
 
-This module installs a :data:`sys.meta_path` finder (:mod:`._stub_window`) that wraps exactly those two modules:
+This module installs a :data:`sys.meta_path` finder (:mod:`._stub_window`) that wraps exactly those modules:
 while each one executes, ``sys.modules`` holds a stub ``transformer_engine`` package; afterwards the stub
 is removed again. Every other module (megatron-core in particular) keeps seeing no
 TransformerEngine, so ``HAVE_TE`` stays ``False`` and the local (pure PyTorch) layers are used.
 
-Where the real TransformerEngine loads, ``install()`` does nothing. Who imports this package, and why it is
-never on the plugin's runtime path: :mod:`bridge_freeze_harness`.
+Where the real TransformerEngine loads, ``install()`` does nothing. :func:`te_placeholders_as_types` (run by the
+harness's Bridge import) makes megatron-core's no-TE placeholders for TE classes answer ``isinstance``. Who
+imports this package, and why it is never on the plugin's runtime path: :mod:`bridge_freeze_harness`.
 """
 
 from __future__ import annotations
