@@ -30,8 +30,8 @@ full-size build), :mod:`bridge_freeze_harness.tiny` (tiny configurations: ``make
 Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this list names them all):
 
 - import-time stubs: :mod:`._stub_window` (a module that exists only while chosen modules execute: the mechanism),
-  :mod:`._te_stub` (TransformerEngine for Bridge's two TE-importing modules), :mod:`._resiliency_stub`
-  (``nvidia_resiliency_ext`` for Bridge's ``training/pretrain.py``);
+  :mod:`._te_stub` (TransformerEngine for Bridge's TE-importing modules; megatron-core's TE placeholders as
+  classes), :mod:`._resiliency_stub` (``nvidia_resiliency_ext`` for Bridge's ``training/pretrain.py``);
 - building: :mod:`.cpu_runtime` (gloo process group, model-parallel state, CPU RNG tracker), :mod:`.context`
   (the build contexts), :mod:`.local_specs` and :mod:`.local_layers` (TE specs and classes -> local ones),
   :mod:`.patching` (set attributes, restore in reverse order), :mod:`.tiny` (one module per family: tiny

@@ -38,8 +38,9 @@ def free_port() -> int:
 def import_bridge() -> ModuleType:
     """``import megatron.bridge`` on any machine (with the TE stub where TE cannot load)."""
     _te_stub.install()
-    # megatron-core first, outside any stub window, so it records HAVE_TE=False.
+    # megatron-core first, outside any stub window, so it records HAVE_TE=False (its TE extension too).
     importlib.import_module("megatron.core")
+    _te_stub.te_placeholders_as_types()
     return importlib.import_module("megatron.bridge")
 
 

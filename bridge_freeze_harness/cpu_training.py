@@ -119,7 +119,8 @@ def synthetic_dataset_config(family: str, provider: Any, seed: int = 0) -> Any:
     ``provider`` is the run's model provider (vocabulary, special ids, vision patches, dtype); it is held in a
     private field, which Bridge leaves out of the ``run_config.yaml`` it writes with each checkpoint.
     """
-    from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+    # training/config.py defines both in Bridge 0.6.0 and re-exports them from data/base.py (new in 0.6.2) since
+    from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
 
     @dataclass(kw_only=True)
     class SyntheticVLMDatasetConfig(DatasetProvider):

@@ -2,10 +2,11 @@
 
 CI runs the pinned releases (Megatron-Bridge 0.6.2, megatron-core 0.19.2). The plugin's users pin other commits
 (NeMo-RL: Bridge 8c46dc42 / megatron-core 14346b65; SkyRL: Bridge 91a15142 / megatron-core 64c3fb86). This script
-takes a Bridge source tree and a megatron-core source tree, copies their ``megatron/bridge`` and ``megatron/core``
-into a side folder that shadows the venv's (on ``PYTHONPATH`` before site-packages; ``megatron`` is a namespace
-package), and runs each Bridge-facing test file, ``bridge-freeze demo`` and ``bridge-freeze plan --tiny`` there,
-one process each, printing one table row per run. Nothing is installed into the venv.
+takes a Bridge source tree and a megatron-core source tree, copies their ``megatron/bridge``, ``megatron/core`` and
+``megatron/training`` into a side folder that shadows the venv's (on ``PYTHONPATH`` before site-packages;
+``megatron`` is a namespace package), and runs each Bridge-facing test file, ``bridge-freeze demo`` and
+``bridge-freeze plan --tiny`` there, one process each, printing one table row per run. Nothing is installed into
+the venv.
 
 A source is a directory (a checkout: ``src/megatron/bridge`` or ``megatron/core`` inside it is found), or
 ``GITDIR@COMMIT``: the commit's tree taken with ``git archive`` from a git directory (a bare mirror will do)::
@@ -46,7 +47,12 @@ TESTS = (
 #: The commands run after the tests (``bridge-freeze`` sub-commands).
 COMMANDS = (("demo", "--steps", "2"), ("plan", "qwen3_vl", "--tiny", "--freeze-vision-model"))
 #: Where each package lives inside its source tree, and where it goes in the side folder.
-PACKAGES = {"bridge": ("src/megatron/bridge", "megatron/bridge"), "mcore": ("megatron/core", "megatron/core")}
+#: megatron-core's wheel ships ``megatron/training`` too (its pyproject's packages): both come from the mcore tree,
+#: so Bridge never meets a ``megatron.training`` of another megatron-core release.
+PACKAGES = {
+    "bridge": (("src/megatron/bridge", "megatron/bridge"),),
+    "mcore": (("megatron/core", "megatron/core"), ("megatron/training", "megatron/training")),
+}
 _SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 
 
@@ -93,8 +99,13 @@ def run(args: list[str], env: dict[str, str], timeout: int) -> tuple[str, float,
         return "timed out", time.perf_counter() - started, ""
     seconds = time.perf_counter() - started
     output = done.stdout + done.stderr
-    counts = ", ".join(f"{n} {what}" for n, what in _SUMMARY.findall(output.splitlines()[-1] if output else ""))
-    return counts or f"exit {done.returncode}", seconds, "\n".join(output.splitlines()[-5:])
+    # pytest's summary line ("... 3 passed, 1 skipped in 9.87s"): the last one (a process may log after it)
+    summary = next((line for line in reversed(output.splitlines()) if _SUMMARY.search(line)
+                    and re.search(r" in [\d.]+s", line)), "")
+    counts = ", ".join(f"{n} {what}" for n, what in _SUMMARY.findall(summary))
+    lines = output.splitlines()
+    failures = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]  # pytest's short summary
+    return counts or f"exit {done.returncode}", seconds, "\n".join(failures[-10:] or lines[-5:])
 
 
 def out(line: str, stream=sys.stdout) -> None:
@@ -112,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per process")
     options = parser.parse_args(argv)
     for key, source in (("bridge", options.bridge), ("mcore", options.mcore)):
-        inner, target = PACKAGES[key]
-        materialise(source, inner, options.side / target)
+        for inner, target in PACKAGES[key]:
+            materialise(source, inner, options.side / target)
     env = lane_env(options.side)
-    versions = {key: version_of(options.side / target / "package_info.py") for key, (_, target) in PACKAGES.items()}
+    versions = {key: version_of(options.side / places[0][1] / "package_info.py") for key, places in PACKAGES.items()}
     out(f"in the lane ({options.side}): Megatron-Bridge {versions['bridge']} ({options.bridge}), "
         f"megatron-core {versions['mcore']} ({options.mcore})")
     out("| run | result | seconds |\n|---|---|---|")

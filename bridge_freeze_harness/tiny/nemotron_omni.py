@@ -131,8 +131,16 @@ def make_provider(**overrides: Any) -> Any:
         activation_func=EagerActivation(nemotron_omni_provider.NemotronOmniModelProvider.activation_func.__name__),
         first_last_layers_bf16=False,
         cross_entropy_loss_fusion=False,
+        **_contract(nemotron_omni_provider),
     )
     return finalized(provider, **overrides)
+
+
+def _contract(module: Any) -> dict[str, str]:
+    """Bridge 0.7.0's provider refuses to build without ``nemotron_omni_contract`` (its converter sets it):
+    the expanded-sequence one, as a 0.7.0 conversion sets it; nothing where the field does not exist (0.6.x)."""
+    name = getattr(module, "NEMOTRON_OMNI_EXPANDED_SEQUENCE_CONTRACT", None)
+    return {} if name is None else {"nemotron_omni_contract": name}
 
 
 def forward_inputs(provider: Any, batch_size: int = 1, seed: int = 0) -> dict[str, Any]:

@@ -145,10 +145,10 @@ def cpu_patches() -> Iterator[None]:
     """Local (pure PyTorch) specs for the hybrid GDN/attention block, and the FLA build guard lifted."""
     from megatron.core.models.gpt import experimental_attention_variant_module_specs as hybrid_specs
     from megatron.core.models.gpt import gpt_layer_specs
-    from megatron.core.ssm.gated_delta_net import common as gdn_common
-    from megatron.core.ssm.gated_delta_net import gdn
 
     from bridge_freeze_harness.local_specs import _filtered
+
+    gdn_common, gdn = _gdn_modules()
 
     patches: list[tuple[Any, str, Any]] = [
         (hybrid_specs, "_get_backend_spec_provider", _local_backend),
@@ -159,10 +159,24 @@ def cpu_patches() -> Iterator[None]:
             _filtered(gpt_layer_specs.get_gpt_layer_local_spec),
         ),
         (gdn_common, "HAVE_FLA", True),
-        (gdn, "chunk_gated_delta_rule", gdn_common.torch_chunk_gated_delta_rule),
+        # megatron-core 0.20 moved the PyTorch rule from common.py to gdn.py
+        (gdn, "chunk_gated_delta_rule", getattr(gdn, "torch_chunk_gated_delta_rule", None)
+         or gdn_common.torch_chunk_gated_delta_rule),
     ]
     with patched(patches), local_mtp_block_spec():
         yield
+
+
+def _gdn_modules() -> tuple[Any, Any]:
+    """(the module holding ``HAVE_FLA`` / ``l2norm``, the one whose ``GatedDeltaNet`` calls ``chunk_gated_delta_rule``):
+    ``common`` / ``gdn`` of the ``gated_delta_net`` package (megatron-core >= 0.19), the one module before it."""
+    import importlib
+
+    import megatron.core.ssm.gated_delta_net as package
+
+    if not hasattr(package, "__path__"):
+        return package, package
+    return (importlib.import_module(f"{package.__name__}.common"), importlib.import_module(f"{package.__name__}.gdn"))
 
 
 def _l2norm(x: Any, dim: int = -1, eps: float = 1e-6) -> Any:
@@ -175,8 +189,7 @@ def _l2norm(x: Any, dim: int = -1, eps: float = 1e-6) -> Any:
 @contextlib.contextmanager
 def forward_patches() -> Iterator[None]:
     """PyTorch ``l2norm`` for the GDN layers while a forward/backward runs (FLA is not installed)."""
-    from megatron.core.ssm.gated_delta_net import common as gdn_common
-
+    gdn_common, _ = _gdn_modules()
     with patched([(gdn_common, "l2norm", _l2norm)]):
         yield
 

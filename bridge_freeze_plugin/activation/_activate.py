@@ -109,7 +109,7 @@ def autoload_activate() -> None:
 def _watch(spec: FamilySpec) -> None:
     for path in spec.providers:
         module, _, qualname = path.partition(":")
-        POST_IMPORT.watch(module, functools.partial(_patch_from_module, qualname=qualname))
+        POST_IMPORT.watch(module, functools.partial(_patch_from_module, qualname=qualname, family=spec.name))
 
 
 def _on_register(spec: FamilySpec) -> None:
@@ -161,15 +161,23 @@ def _restore_later_subclasses(cls: type, flag: str, fld: Any, value: Any) -> Non
             set_function_default(init, flag, value)
 
 
-def _patch_from_module(module: ModuleType, qualname: str) -> None:
+#: (module, class) a family names that the installed Bridge's module lacks, said once per process.
+_ABSENT_SAID: set[tuple[str, str]] = set()
+
+
+def _patch_from_module(module: ModuleType, qualname: str, family: str = "") -> None:
     if not STATE.active:
         return
     obj: Any = module
     for attr in qualname.split("."):
         obj = getattr(obj, attr, None)
         if obj is None:
-            if is_rank0():
-                logger.warning("bridge-freeze: %s has no %s; that provider is not patched", module.__name__, qualname)
+            # Another Bridge version (Gemma4DenseVLProvider is not in 0.6.0): nothing to patch, and nothing can
+            # build it either, so no flag goes unhonoured: said once, at DEBUG (it was a WARNING at every import).
+            if is_rank0() and (module.__name__, qualname) not in _ABSENT_SAID:
+                _ABSENT_SAID.add((module.__name__, qualname))
+                logger.debug("bridge-freeze: this Bridge's %s has no %s (family %s names it for other Bridge "
+                             "versions); nothing to patch there", module.__name__, qualname, family)
             return
     patch_provider_class(obj)
 

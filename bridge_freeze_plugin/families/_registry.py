@@ -31,6 +31,7 @@ from bridge_freeze_plugin.families._spec import (
     canonical_name,
     class_path,
 )
+from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
 from bridge_freeze_plugin.ranks import is_rank0
 
 __all__ = [
@@ -148,8 +149,11 @@ class FamilyRegistry:
         return name in self._families
 
     def for_provider_class(self, cls: type) -> FamilySpec | None:
-        """The family of a provider class, or of its nearest registered base class."""
+        """The family of a provider class, or of its nearest registered base class; ``None`` where a class refused by
+        name (``families/unsupported.py``) comes first (a text-only subclass of a VLM family's provider)."""
         for klass in cls.__mro__:
+            if class_path(klass) in UNSUPPORTED_PROVIDERS:
+                return None
             spec = self._by_provider.get(class_path(klass))
             if spec is not None:
                 return spec.for_class(cls)  # the table this class builds (a family may have several)

@@ -117,3 +117,23 @@ def test_a_second_thread_sees_and_builds_with_the_real_flags_while_the_first_bui
     assert seen["second thread"] is True  # ... on that thread only
     assert trainable(second) == projection_names(second)
     assert trainable(seen["first model"]) == projection_names(seen["first model"])
+
+
+def test_a_provider_class_this_bridge_lacks_is_said_once_at_debug(cpu_bridge, caplog):
+    """A family may name a class another Bridge version has (Gemma4DenseVLProvider is not in 0.6.0, SkyRL's pin):
+    nothing can build it, so nothing goes unhonoured; it was a WARNING at every activation (issue 36, item 4)."""
+    import logging
+
+    absent = "NoSuchVLProviderInThisBridge"
+    with caplog.at_level(logging.DEBUG, logger="bridge_freeze_plugin"):
+        bfp.register_family("absent_provider_probe", providers=[f"megatron.bridge.models.gpt_provider:{absent}"],
+                            language_model=["language_model"], vision_model=["vision_model"])
+        try:
+            bfp.deactivate()
+            bfp.activate()
+        finally:
+            bfp.families.REGISTRY.unregister("absent_provider_probe")
+            bfp.activate()
+    said = [r for r in caplog.records if absent in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.DEBUG]
+    assert "absent_provider_probe" in said[0].getMessage()

@@ -17,6 +17,7 @@ from test_trainable_sync import (  # the shared build: checkpoint fixture, load 
     PROJECTION_ONLY,
     QWEN3_PROJECTION,
     checkpoints,  # noqa: F401  (a fixture, used by name)
+    takes_weight_dtype,
     train_and_export,
 )
 
@@ -45,8 +46,10 @@ def test_a_weight_dtype_the_older_bridge_cannot_honour_is_refused_by_name(run):
     from bridge_freeze_plugin import export_trainable_hf_weights
     from bridge_freeze_plugin.errors import TrainableSyncError
 
-    cast = list(export_trainable_hf_weights(run["bridge"], run["chunks"], show_progress=False,
-                                            weight_dtype=torch.bfloat16))  # 0.6.2 takes it
-    assert {t.dtype for _, t in cast} == {torch.bfloat16}
+    if takes_weight_dtype(run["bridge"]):  # 0.6.2 takes it; the stand-in for SkyRL's pin does not
+        cast = list(export_trainable_hf_weights(run["bridge"], run["chunks"], show_progress=False,
+                                                weight_dtype=torch.bfloat16))
+        assert {t.dtype for _, t in cast} == {torch.bfloat16}
+    older = as_skyrl_pin(run["bridge"]) if takes_weight_dtype(run["bridge"]) else run["bridge"]  # the lane: 0.6.0
     with pytest.raises(TrainableSyncError, match=r"weight_dtype=torch.bfloat16.*takes no weight_dtype.*leave"):
-        export_trainable_hf_weights(as_skyrl_pin(run["bridge"]), run["chunks"], weight_dtype=torch.bfloat16)
+        export_trainable_hf_weights(older, run["chunks"], weight_dtype=torch.bfloat16)

@@ -5,15 +5,17 @@ On 0.7.0 ``NemotronOmniModelProvider.provide()`` builds ``NemotronOmniModel``, i
 declares ``nemotron_omni_contract``; the legacy ``NemotronOmniLlavaModelProvider`` (its subclass) keeps the LLaVA
 model (``llava_model.*``), as 0.6.2's ``NemotronOmniModelProvider`` builds it.
 
-The 0.6.2 cases run the real tiny Bridge build. The 0.7.0 cases use a structural stand-in (0.7.0 is not
-installable in CI): a subclass of the real 0.6.2 provider named as 0.7.0's class, declaring its field, whose
-``provide()`` puts the real 0.6.2 modules at the top level as 0.7.0's model holds them. Expected sets come from
-the tests' own module table, never from the plugin's.
+The 0.6.2 cases run the real tiny Bridge build. On 0.6.2 (CI) the 0.7.0 cases use a structural stand-in (0.7.0 is
+not installable in CI): a subclass of the real 0.6.2 provider named as 0.7.0's class, declaring its field, whose
+``provide()`` puts the real 0.6.2 modules at the top level as 0.7.0's model holds them. Where 0.7.0 is installed
+(the compatibility lane, scripts/compat_lane.py) they run its two real classes, and the 0.6.2 case is skipped.
+Expected sets come from the tests' own module table, never from the plugin's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import pytest
@@ -35,6 +37,8 @@ def classes(cpu_bridge) -> dict[str, type]:
     from megatron.bridge.models.nemotron_omni import nemotron_omni_provider as module
 
     real = module.NemotronOmniModelProvider
+    if hasattr(module, "NemotronOmniLlavaModelProvider"):  # Bridge 0.7.0 itself: its real classes
+        return {"0.7.0": real, "0.7.0 legacy": module.NemotronOmniLlavaModelProvider}
     llava_provide = real.provide.__bridge_freeze_wrapped__  # 0.6.2's own build of the LLaVA model
 
     class NemotronOmniModel(torch.nn.Module):  # 0.7.0's model: the parts at the top level
@@ -57,8 +61,13 @@ def classes(cpu_bridge) -> dict[str, type]:
 
 
 def provider_of(classes: dict[str, type], which: str, **flags: bool) -> Any:
+    if which not in classes:
+        pytest.skip(f"the installed Bridge has no {which} Nemotron Omni provider")
     provider = make_provider(OMNI, **flags)
     provider.__class__ = classes[which]
+    llava_contract = getattr(sys.modules[classes[which].__module__], "NEMOTRON_OMNI_LLAVA_CONTRACT", None)
+    if which == "0.7.0 legacy" and llava_contract is not None:  # 0.7.0's legacy class builds only for its contract
+        provider.nemotron_omni_contract = llava_contract
     return provider
 
 

@@ -49,7 +49,8 @@ def test_every_bridge_provider_with_a_flag_is_covered_or_refused_by_name(cpu_bri
     classes = _bridge_provider_classes_with_a_flag()
     assert len(classes) >= 20  # Bridge 0.6.2 ships 25: the enumeration itself works
     uncovered = {class_path(c) for c in classes if bfp.family_for_provider(c) is None}
-    assert uncovered == set(UNSUPPORTED_PROVIDERS)  # a new Bridge provider fails here until it is decided
+    walked = {p for p in UNSUPPORTED_PROVIDERS if p.startswith("megatron.bridge.models.")}  # what the walk imports
+    assert uncovered == walked  # a new Bridge provider fails here until it is decided
     for cls in classes:
         if class_path(cls) not in uncovered:
             assert hasattr(cls.provide, "__bridge_freeze_wrapped__"), cls
