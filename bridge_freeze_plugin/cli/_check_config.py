@@ -59,14 +59,14 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     rates = s.learning_rates.as_dict() if s.learning_rates else {}
     rows += [(f"{s.learning_rates_key}.{key}", rates[key], loaded.source(f"{s.learning_rates_key}.{key}"))
              for key in LR_KEYS if key in rates]
-    switches = checked.layout.strategy_switches
+    switches = checked.layout.strategy.switches
     strategy = [] if switches else [s.strategy]  # a backend chosen by switches: the switches themselves
     rows += [(key, _switch(loaded.cfg, key), loaded.source(key)) for key, _ in switches]
     others = [*strategy, s.language_model_only, s.lora_rank, *s.recompute, s.provider_target,
               *(peer for _, peer in s.peers)]
     rows += [(o.key, o.value, o.source) for o in others if o is not None and o.key is not None]
     if s.lora.enabled:
-        key = f"{checked.layout.lora}.target_modules"
+        key = f"{checked.layout.lora.section}.target_modules"
         targets = s.lora.target_modules
         rows.append((key, list(targets) if isinstance(targets, tuple) else targets, loaded.source(key)))
     rows += [(setting.key, setting.value, setting.source) for setting in (s.vlm_lora or {}).values()]
@@ -260,7 +260,7 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
         out(line)
     for key in s.unread_freeze_keys:
         out(f"not read: {key} (no setting of the {checked.layout.title} layout: a run of it ignores this key)")
-    if checked.layout.learning_rates_refused is None:  # a layout that refuses per-part rates (SkyRL's) has none
+    if checked.layout.rates.refused is None:  # a layout that refuses per-part rates (SkyRL's) has none
         rates = s.learning_rates.describe() if s.learning_rates else "every part on the global schedule"
         out(f"learning rates ({s.learning_rates_key}): {rates}")
     for note in adjusted:

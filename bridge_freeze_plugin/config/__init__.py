@@ -4,8 +4,11 @@
   came from;
 - :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
 - :mod:`._source`: the effective config and the layout it is read with;
-- :mod:`._layouts`: the :class:`Layout` record; each trainer's layout as data, one module each (:mod:`._layout_sft_rl`,
-  :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the layouts by name, and which one a file is;
+- :mod:`._layouts`: the :class:`Layout` record, made of one record per job (:mod:`._layout_records`: where the
+  plugin's keys live, :class:`Homes`; the model's, LoRA's, the strategy's and recompute's, the learning rates'
+  keys; what the trainer does with a config, :class:`TrainerFacts`); each trainer's layout as data, one module
+  each (:mod:`._layout_sft_rl`, :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the
+  layouts by name, and which one a file is;
 - :mod:`._skyrl_fields`, :mod:`._skyrl`: SkyRL's config classes (installed, else a committed listing), what its
   loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
 - :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
@@ -29,8 +32,18 @@ from bridge_freeze_plugin.config._flags import read_selection
 from bridge_freeze_plugin.config._layout_bridge import BRIDGE
 from bridge_freeze_plugin.config._layout_detect import LAYOUTS
 from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
+from bridge_freeze_plugin.config._layout_records import (
+    Homes,
+    LoraKeys,
+    ModelKeys,
+    OwnSetting,
+    Peer,
+    RateKeys,
+    StrategyKeys,
+    TrainerFacts,
+)
 from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
-from bridge_freeze_plugin.config._layouts import Layout, resolvers
+from bridge_freeze_plugin.config._layouts import Layout, Marker, resolvers
 from bridge_freeze_plugin.config._lora_rules import lora_adapter_parts, vlm_lora_effect
 from bridge_freeze_plugin.config._reading import read_settings
 from bridge_freeze_plugin.config._rules import MEGATRON
@@ -56,13 +69,22 @@ __all__ = [
     "RL",
     "SFT",
     "ConfigRun",
+    "Homes",
     "Layout",
     "LoadedConfig",
+    "LoraKeys",
     "LoraSettings",
+    "Marker",
+    "ModelKeys",
     "Override",
+    "OwnSetting",
+    "Peer",
     "Provenance",
+    "RateKeys",
     "RunSettings",
     "Setting",
+    "StrategyKeys",
+    "TrainerFacts",
     "choose_layout",
     "family_from_model_path",
     "family_from_name",

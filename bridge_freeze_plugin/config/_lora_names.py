@@ -22,10 +22,10 @@ def trainer_targets(cfg: Any, layout: Layout, target: str | list[str] | None) ->
     """``target_modules`` as Bridge's LoRA receives it in this layout's runs (unchanged where the layout's trainer
     passes it through)."""
     if target is None:
-        target = layout.lora_default_target
-    if isinstance(target, str) and target in layout.lora_target_aliases:
-        target = list(layout.lora_target_aliases[target])
-    if layout.lora_type is not None and select(cfg, layout.lora_type) == "canonical_lora" and target:
+        target = layout.lora.default_target
+    if isinstance(target, str) and target in layout.lora.target_aliases:
+        target = list(layout.lora.target_aliases[target])
+    if layout.lora.type is not None and select(cfg, layout.lora.type) == "canonical_lora" and target:
         names = [target] if isinstance(target, str) else target
         target = list(dict.fromkeys(CANONICAL_MODULES.get(name, name) for name in names))
     return target

@@ -18,10 +18,10 @@ from bridge_freeze_plugin.request import FLAG_PARTS, FLAGS, FreezeSelection
 def with_saved_provider(s: RunSettings, cfg: Any, layout: Layout, family: FamilySpec | None) -> RunSettings:
     """``s`` with each flag the config does not write set as the saved provider holds it (or as a fresh
     conversion with the plugin saves it), and where each came from."""
-    assert layout.conversion_cache is not None
+    assert layout.run.conversion_cache is not None
     with resolvers(layout):
-        policy = section(cfg, layout.conversion_cache)
-        megatron_cfg = section(cfg, layout.flags)
+        policy = section(cfg, layout.run.conversion_cache)
+        megatron_cfg = section(cfg, layout.homes.flags)
         unwritten = [f for f in FLAGS if all(select(cfg, key) is None for key in s.keys_of(f))]
     known = provider_flag_defaults(family)
     bridge_default = dict.fromkeys(known[1], True) if known else {}

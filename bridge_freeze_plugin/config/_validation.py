@@ -108,17 +108,17 @@ def _family_of(cfg: Any, layout: Layout, family: FamilySpec | str | None,
                target: str | None) -> tuple[FamilySpec | None, str | None]:
     """The family and how it was found: ``family``, else the model path, else ``target`` (the provider class)."""
     resolved, source = _family_arg(family), "named by the caller"
-    if resolved is None and layout.model_path is not None:
-        model_path = select(cfg, layout.model_path)
+    if resolved is None and layout.model.path is not None:
+        model_path = select(cfg, layout.model.path)
         resolved = family_from_model_path(model_path) if isinstance(model_path, str) else None
-        source = f"{layout.model_path}'s config.json (model_type)"
-        if resolved is None and layout.family_from_name and isinstance(model_path, str):
+        source = f"{layout.model.path}'s config.json (model_type)"
+        if resolved is None and layout.model.family_from_name and isinstance(model_path, str):
             resolved = family_from_name(model_path)
-            source = (f"{layout.model_path}={model_path}: a guess from the name (no local config.json to read; "
+            source = (f"{layout.model.path}={model_path}: a guess from the name (no local config.json to read; "
                       "--family NAME to be sure)")
     if resolved is None and target is not None:
         resolved = family_from_target(target)
-        source = f"{layout.provider_target} (the provider class)"
+        source = f"{layout.model.provider_target} (the provider class)"
     return resolved, source if resolved is not None else None
 
 
@@ -128,7 +128,7 @@ def _known_family(cfg: Any, layout: Layout, provider: Any, family: FamilySpec | 
     if provider is not None:
         return family_for_provider(provider)
     try:
-        target = select(cfg, layout.provider_target) if layout.provider_target else None
+        target = select(cfg, layout.model.provider_target) if layout.model.provider_target else None
     except Exception:  # noqa: BLE001 - a malformed target is reported by read_settings; here it only names no family
         target = None
     return _family_of(cfg, layout, family, None if target is None else str(target))[0]

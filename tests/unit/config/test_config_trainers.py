@@ -647,7 +647,7 @@ def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
     from bridge_freeze_plugin.config._layouts import Marker
 
     dpo = replace(NEMO_RL, name="nemo_rl_dpo", title="NeMo-RL DPO",
-                  decides=(Marker(("policy", "dpo")),), hints=(), syncs_weights_with=())
+                  decides=(Marker(("policy", "dpo")),), hints=(), run=replace(NEMO_RL.run, syncs_weights_with=()))
     monkeypatch.setitem(LAYOUTS, dpo.name, dpo)
     path = write(tmp_path / "dpo.yaml", {"dpo": {"seed": 1}, "policy": {
         "model_name": "Qwen/Qwen2.5-VL-3B-Instruct", "dtensor_cfg": {"enabled": False},
