@@ -13,9 +13,10 @@
   loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
 - :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
 - :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source, read
-  into :class:`RunSettings` (:mod:`._run_settings`) by job: values and their sources (:mod:`._values`), the flags and
-  patterns (:mod:`._flags`), keys written where they are not read (:mod:`._misplaced`), the other settings
-  (:mod:`._setting_readers`);
+  into :class:`RunSettings` (:mod:`._run_settings`: grouped by job, :class:`SelectionSources`,
+  :class:`RunSwitches`, :class:`LoraRead`, :class:`RateSettings`) by job: values and their sources
+  (:mod:`._values`), the flags and patterns (:mod:`._flags`), keys written where they are not read
+  (:mod:`._misplaced`), the other settings (:mod:`._setting_readers`);
 - :mod:`._conversion_cache`, :mod:`._saved_provider`: NeMo-RL's conversion cache (the provider a run builds from)
   and the flag values it holds for the flags a config does not write;
 - :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
@@ -47,7 +48,14 @@ from bridge_freeze_plugin.config._layouts import Layout, Marker, resolvers
 from bridge_freeze_plugin.config._lora_rules import lora_adapter_parts, vlm_lora_effect
 from bridge_freeze_plugin.config._reading import read_settings
 from bridge_freeze_plugin.config._rules import MEGATRON
-from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
+from bridge_freeze_plugin.config._run_settings import (
+    LoraRead,
+    LoraSettings,
+    RateSettings,
+    RunSettings,
+    RunSwitches,
+    SelectionSources,
+)
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._validation import (
     ConfigRun,
@@ -73,6 +81,7 @@ __all__ = [
     "Layout",
     "LoadedConfig",
     "LoraKeys",
+    "LoraRead",
     "LoraSettings",
     "Marker",
     "ModelKeys",
@@ -81,7 +90,10 @@ __all__ = [
     "Peer",
     "Provenance",
     "RateKeys",
+    "RateSettings",
     "RunSettings",
+    "RunSwitches",
+    "SelectionSources",
     "Setting",
     "StrategyKeys",
     "TrainerFacts",

@@ -17,7 +17,13 @@ from bridge_freeze_plugin.config._flags import _checked_section, _selection, rea
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS
 from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._misplaced import _own_freeze, misplaced_keys, unread_freeze_keys
-from bridge_freeze_plugin.config._run_settings import RunSettings
+from bridge_freeze_plugin.config._run_settings import (
+    LoraRead,
+    RateSettings,
+    RunSettings,
+    RunSwitches,
+    SelectionSources,
+)
 from bridge_freeze_plugin.config._setting_readers import (
     _bool_setting,
     _learning_rate_section,
@@ -59,7 +65,7 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None,
 
     Raises at once for a flag that is not a boolean or an unknown freeze key (policy or reference model), and
     for a flag, pattern or learning rate written where this layout's runs never read it; a malformed
-    neighbouring setting is kept in :attr:`RunSettings.malformed`.
+    neighbouring setting is kept in :attr:`SelectionSources.malformed`.
     """
     source = source or (lambda key: IN_CONFIG)
     if not isinstance(cfg, (DictConfig, Mapping)):
@@ -95,39 +101,49 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
     return RunSettings(
         layout=layout.name,
         selection=selection,
-        flags_key=layout.homes.flags,
-        strategy=strategy,
-        language_model_only=lmo,
+        sources=_sources(cfg, layout, source, homes, sections, reference, malformed),
+        run=RunSwitches(
+            strategy=strategy,
+            language_model_only=lmo,
+            recompute=_recompute(cfg, layout, source),
+            peers=_peers(cfg, layout, source),
+            strategy_fix=layout.strategy.key_fix(),
+            strategy_note=strategy_note,
+            strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy.switches)} is true (no backend)"
+                            if layout.strategy.switches else None),
+            strategy_shown=_switches_shown(cfg, layout, source),
+            syncs_weights=_syncs_weights(cfg, layout),
+            weight_sync_note=layout.run.weight_sync_note,
+        ),
         lora=lora,
-        lora_rank=rank,
-        recompute=_recompute(cfg, layout, source),
+        lora_read=LoraRead(rank=rank, enable=_lora_enable(layout),
+                           lora_class=None if lora_class is None else str(lora_class),
+                           vlm_lora=_vlm_lora(cfg, layout, lora, source)),
+        rates=RateSettings(values=learning_rates, key=layout.lr_section),
         provider_target=None if target is None else Setting(str(target), layout.model.provider_target,
                                                              source(str(layout.model.provider_target))),
-        reference=reference,
-        reference_key=layout.homes.reference_flags,
-        peers=_peers(cfg, layout, source),
-        malformed=tuple(malformed),
-        learning_rates=learning_rates,
-        learning_rates_key=layout.lr_section,
-        flag_keys={key: f"{home}.{key}" for key, home in homes.items() if home != layout.homes.flags},
-        own_freeze=_own_freeze(cfg, layout, source),
-        unread_freeze_keys=tuple(unread_freeze_keys(cfg, layout)),
-        syncs_weights=_syncs_weights(cfg, layout),
-        weight_sync_note=layout.run.weight_sync_note,
-        strategy_fix=layout.strategy.key_fix(),
-        strategy_note=strategy_note,
-        strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy.switches)} is true (no backend)"
-                        if layout.strategy.switches else None),
-        strategy_shown=_switches_shown(cfg, layout, source),
-        lora_enable=_lora_enable(layout),
-        lora_class=None if lora_class is None else str(lora_class),
-        vlm_lora=_vlm_lora(cfg, layout, lora, source),
         trainer=layout.trainer,
-        foreign_alias=layout.homes.foreign_alias,
-        aliases_written=tuple(f"{layout.homes.alias_home(a)}.{a}" for a in ALIASES
-                              if a in sections.get(layout.homes.alias_home(a), {})),
+    )
+
+
+def _sources(cfg: Any, layout: Layout, source: Source, homes: Mapping[str, str],
+             sections: Mapping[str, Mapping[str, Any]], reference: FreezeSelection | None,
+             malformed: list[str]) -> SelectionSources:
+    """Where the selection was read (the plugin keys, Bridge's names of a flag, the reference model's flags) and
+    the ``freeze_*`` keys that are not the plugin's."""
+    return SelectionSources(
+        flags_key=layout.homes.flags,
+        flag_keys={key: f"{home}.{key}" for key, home in homes.items() if home != layout.homes.flags},
         alias_keys={flag: tuple(f"{layout.homes.alias_home(a)}.{a}" for a, f in ALIASES.items() if f == flag)
                     for flag in FLAGS},
+        aliases_written=tuple(f"{layout.homes.alias_home(a)}.{a}" for a in ALIASES
+                              if a in sections.get(layout.homes.alias_home(a), {})),
+        foreign_alias=layout.homes.foreign_alias,
+        reference=reference,
+        reference_key=layout.homes.reference_flags,
+        own_freeze=_own_freeze(cfg, layout, source),
+        unread_freeze_keys=tuple(unread_freeze_keys(cfg, layout)),
+        malformed=tuple(malformed),
     )
 
 
@@ -152,7 +168,7 @@ def _selections(cfg: Any, layout: Layout) -> tuple[dict[str, str], dict[str, Map
 def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: FamilySpec | None) -> RunSettings:
     """``s`` with the flags the config does not write set as the model provider keeps them, for a layout whose
     trainer passes only the flags written (NeMo-RL): Bridge's ``Qwen3VLMoEModelProvider`` freezes the language
-    model and the vision encoder by default. Said per flag in :attr:`RunSettings.provider_defaults`."""
+    model and the vision encoder by default. Said per flag in :attr:`SelectionSources.provider_defaults`."""
     if not layout.run.unwritten_flags_keep_provider_default:
         return s
     if layout.run.conversion_cache is not None:  # NeMo-RL: its saved provider, found as NeMo-RL finds it
@@ -176,7 +192,7 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
             notes[flag] = (f"not written: {layout.trainer} leaves the provider's default, false on every Bridge "
                            f"provider but {flag_defaults_sentence()}: name the family to be sure")
     if not on:
-        return replace(s, provider_defaults=notes)
+        return replace(s, sources=replace(s.sources, provider_defaults=notes))
     selection = FreezeSelection(**{**s.selection.as_dict(), **on}, train_patterns=s.selection.train_patterns,
                                 freeze_patterns=s.selection.freeze_patterns)
-    return replace(s, selection=selection, provider_defaults=notes)
+    return replace(s, selection=selection, sources=replace(s.sources, provider_defaults=notes))

@@ -1,5 +1,5 @@
 """The flags a config does not write, as a run with the plugin builds them from a saved provider (NeMo-RL's
-conversion cache: :mod:`._conversion_cache`), said per flag in :attr:`RunSettings.provider_defaults`."""
+conversion cache: :mod:`._conversion_cache`), said per flag in :attr:`SelectionSources.provider_defaults`."""
 
 from __future__ import annotations
 
@@ -29,4 +29,5 @@ def with_saved_provider(s: RunSettings, cfg: Any, layout: Layout, family: Family
     values, notes, line = unwritten_flag_notes(find_cache(policy), unwritten, megatron_cfg, bridge_default, shown)
     selection = FreezeSelection(**{**s.selection.as_dict(), **values}, train_patterns=s.selection.train_patterns,
                                 freeze_patterns=s.selection.freeze_patterns)
-    return replace(s, selection=selection, provider_defaults=notes, saved_provider=line)
+    return replace(s, selection=selection,
+                   sources=replace(s.sources, provider_defaults=notes, saved_provider=line))

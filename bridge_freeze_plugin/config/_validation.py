@@ -25,7 +25,7 @@ from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import read_settings, with_provider_defaults
 from bridge_freeze_plugin.config._rules import MEGATRON
-from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
+from bridge_freeze_plugin.config._run_settings import LoraRead, LoraSettings, RunSettings, RunSwitches, SelectionSources
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._values import Setting, select
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, family_for_provider
@@ -81,12 +81,12 @@ def validate_selection(
     settings = RunSettings(
         layout="api",
         selection=selection,
-        flags_key=where,
-        strategy=Setting(strategy, "strategy"),
-        language_model_only=Setting(bool(language_model_only), "language_model_only"),
+        sources=SelectionSources(flags_key=where),
+        run=RunSwitches(strategy=Setting(strategy, "strategy"),
+                        language_model_only=Setting(bool(language_model_only), "language_model_only"),
+                        recompute=(Setting(recompute_granularity, "recompute_granularity"),)),
         lora=lora,
-        lora_rank=Setting(lora.rank, "lora.rank"),
-        recompute=(Setting(recompute_granularity, "recompute_granularity"),),
+        lora_read=LoraRead(rank=Setting(lora.rank, "lora.rank")),
         family=_family_arg(family),
         provider=provider,
     )

@@ -503,7 +503,7 @@ def test_overrides_are_taken_and_refused_as_nemo_rl_takes_them(entry):
                 "freeze_audio_model": False, "freeze_audio_projection": False}
     assert run.settings.selection.as_dict() == expected
     assert run.settings.lora.rank == (result["peft"]["dim"] if result["peft"]["enabled"] else 0)
-    assert [own.value for own in run.settings.own_freeze if own.name == "freeze_moe_router"] == [
+    assert [own.value for own in run.settings.sources.own_freeze if own.name == "freeze_moe_router"] == [
         result["freeze_moe_router"]]
 
 
