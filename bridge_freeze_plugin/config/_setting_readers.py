@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from bridge_freeze_plugin.config._layout_bridge import VLM_LORA_SWITCHES
+from bridge_freeze_plugin.config._layout_records import LoraKeys, ModelKeys, StrategyKeys, TrainerFacts
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._lora_names import trainer_targets
 from bridge_freeze_plugin.config._run_settings import LoraSettings
@@ -51,7 +52,7 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
         malformed.append(f"{layout.lora.section}.target_modules must be a module name or a list of them, got "
                          f"{brief(repr(target))} ({type_label(target)})")
         target = None
-    target = trainer_targets(cfg, layout, target)
+    target = trainer_targets(cfg, layout.lora, target)
     exclude = lora.get("exclude_modules")
     exclude = [exclude] if isinstance(exclude, str) else exclude if isinstance(exclude, list) else []
     settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
@@ -60,18 +61,14 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
     return settings, Setting(rank, key, source(key))
 
 
-def _lora_enable(layout: Layout) -> str:
-    return layout.lora.enable()
-
-
-def _vlm_lora(cfg: Any, layout: Layout, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
+def _vlm_lora(cfg: Any, keys: LoraKeys, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
     """Bridge's ``VLMLoRA`` switches (``peft.freeze_*``, true when not written: its defaults), if that is the class."""
-    if not lora.enabled or select(cfg, f"{layout.lora.section}._target_") not in layout.lora.vlm_targets:
+    if not lora.enabled or select(cfg, f"{keys.section}._target_") not in keys.vlm_targets:
         return None
-    values = section(cfg, layout.lora.section)
+    values = section(cfg, keys.section)
     out = {}
     for flag in VLM_LORA_SWITCHES:
-        key = f"{layout.lora.section}.{flag}"
+        key = f"{keys.section}.{flag}"
         value = values.get(flag, True)
         if not isinstance(value, bool):
             raise FreezeFlagTypeError(f"{key} (VLMLoRA's own switch) must be a boolean (true or false), got "
@@ -93,20 +90,20 @@ def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | 
     return Setting(value, layout.strategy.key, where), layout.strategy.notes.get(value) if value is not None else None
 
 
-def _switches_shown(cfg: Any, layout: Layout, source: Source) -> str | None:
+def _switches_shown(cfg: Any, keys: StrategyKeys, source: Source) -> str | None:
     """The backend switches that are on, as written (``policy.dtensor_cfg.enabled=true (sft.yaml)``)."""
-    if not layout.strategy.switches:
+    if not keys.switches:
         return None
     on = [Setting(True, key, source(key)).written + f" (the {name} backend)"
-          for key, name in layout.strategy.switches if select(cfg, key) is True]
+          for key, name in keys.switches if select(cfg, key) is True]
     return " and ".join(on) or None
 
 
-def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
+def _recompute(cfg: Any, keys: StrategyKeys, source: Source) -> tuple[Setting, ...]:
     out = []
-    for key in layout.strategy.recompute:
+    for key in keys.recompute:
         value = select(cfg, key)
-        switch = layout.strategy.recompute_switches.get(key)
+        switch = keys.recompute_switches.get(key)
         if switch is not None and value is not None and select(cfg, switch) is not True:
             # the trainer applies it only when the switch is on (NeMo-RL: activation_checkpointing)
             out.append(Setting(None, key, f"{as_yaml(value)} written, not applied: {switch} is not true"))
@@ -115,10 +112,10 @@ def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
     return tuple(out)
 
 
-def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting], ...]:
+def _peers(cfg: Any, keys: ModelKeys, source: Source) -> tuple[tuple[str, Setting], ...]:
     """The other components' language_model_only, for those the config writes and that are used."""
     out = []
-    for peer in layout.model.peers:
+    for peer in keys.peers:
         value = select(cfg, peer.key)
         used = not peer.used_when or any(select(cfg, k) is True for k in peer.used_when)
         if value is not None and used:
@@ -148,10 +145,10 @@ def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -
     return {}
 
 
-def _syncs_weights(cfg: Any, layout: Layout) -> bool:
-    if layout.run.syncs_weights:
+def _syncs_weights(cfg: Any, facts: TrainerFacts) -> bool:
+    if facts.syncs_weights:
         return True
-    return any(_has(cfg, key) for key in layout.run.syncs_weights_with)
+    return any(_has(cfg, key) for key in facts.syncs_weights_with)
 
 
 def _has(cfg: Any, key: str) -> bool:
