@@ -53,24 +53,24 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     flags = [INFO[part].flag for part in model_parts(s.selection, s.family)]
     keys = {flag: next((k for k in s.keys_of(flag) if select(loaded.cfg, k) is not None), s.key_of(flag))
             for flag in flags}  # where each flag was written: its own key, or Bridge's name of it
-    rows = [(keys[flag], getattr(s.selection, flag), s.provider_defaults.get(flag) or loaded.source(keys[flag]))
+    rows = [(keys[flag], getattr(s.selection, flag), s.sources.provider_defaults.get(flag) or loaded.source(keys[flag]))
             for flag in flags]
     rows += [(s.key_of(key), list(getattr(s.selection, key)), loaded.source(s.key_of(key))) for key in PATTERN_KEYS]
-    rates = s.learning_rates.as_dict() if s.learning_rates else {}
-    rows += [(f"{s.learning_rates_key}.{key}", rates[key], loaded.source(f"{s.learning_rates_key}.{key}"))
+    rates = s.rates.values.as_dict() if s.rates.values else {}
+    rows += [(f"{s.rates.key}.{key}", rates[key], loaded.source(f"{s.rates.key}.{key}"))
              for key in LR_KEYS if key in rates]
-    switches = checked.layout.strategy_switches
-    strategy = [] if switches else [s.strategy]  # a backend chosen by switches: the switches themselves
+    switches = checked.layout.strategy.switches
+    strategy = [] if switches else [s.run.strategy]  # a backend chosen by switches: the switches themselves
     rows += [(key, _switch(loaded.cfg, key), loaded.source(key)) for key, _ in switches]
-    others = [*strategy, s.language_model_only, s.lora_rank, *s.recompute, s.provider_target,
-              *(peer for _, peer in s.peers)]
+    others = [*strategy, s.run.language_model_only, s.lora_read.rank, *s.run.recompute, s.provider_target,
+              *(peer for _, peer in s.run.peers)]
     rows += [(o.key, o.value, o.source) for o in others if o is not None and o.key is not None]
     if s.lora.enabled:
-        key = f"{checked.layout.lora}.target_modules"
+        key = f"{checked.layout.lora.section}.target_modules"
         targets = s.lora.target_modules
         rows.append((key, list(targets) if isinstance(targets, tuple) else targets, loaded.source(key)))
-    rows += [(setting.key, setting.value, setting.source) for setting in (s.vlm_lora or {}).values()]
-    rows += [(own.key, own.value, own.source) for own in s.own_freeze]
+    rows += [(setting.key, setting.value, setting.source) for setting in (s.lora_read.vlm_lora or {}).values()]
+    rows += [(own.key, own.value, own.source) for own in s.sources.own_freeze]
     return rows
 
 
@@ -99,10 +99,10 @@ def _doc(args: argparse.Namespace, checked: Any, file: str | None, overrides: li
         "settings": {key: {"value": value, "source": source} for key, value, source in _settings(checked)},
         "patterns": s.selection.patterns_dict(),
         "learning_rates": {p.part: {"lr": p.lr, "min_lr": p.min_lr}
-                           for p in (s.learning_rates.parts if s.learning_rates else ())},
-        "own_freeze": [_own_doc(own) for own in s.own_freeze],
-        "unread_freeze_keys": list(s.unread_freeze_keys),
-        "saved_provider": s.saved_provider,
+                           for p in (s.rates.values.parts if s.rates.values else ())},
+        "own_freeze": [_own_doc(own) for own in s.sources.own_freeze],
+        "unread_freeze_keys": list(s.sources.unread_freeze_keys),
+        "saved_provider": s.sources.saved_provider,
     }
 
 
@@ -115,7 +115,7 @@ def _own_doc(own: Any) -> dict[str, Any]:
 def _own_lines(s: Any, trained: list[str]) -> list[str]:
     """One line per own ``freeze_*`` setting (Bridge's or the trainer's) that freezes something."""
     lines = []
-    for own in s.own_freeze:
+    for own in s.sources.own_freeze:
         if own.value is False or own.value is None or own.setting.freezes_parts:
             continue
         setting = own.setting
@@ -131,7 +131,7 @@ def _own_lines(s: Any, trained: list[str]) -> list[str]:
         else:
             lines.append(f"{setting.by.split(' (')[0]}'s own: {own.key}={_shown(own.value)} freezes {setting.what}; "
                          f"applied by {setting.by}, not by the plugin")
-    if any(own.setting.outside and own.value not in (False, None) for own in s.own_freeze):
+    if any(own.setting.outside and own.value not in (False, None) for own in s.sources.own_freeze):
         lines.append("(the plugin's audio / sound parts are a later issue: it neither selects nor reports them)")
     return lines
 
@@ -175,8 +175,8 @@ def _print_header(checked: Any, file: str | None, overrides: list[str]) -> None:
     for override in loaded.overrides:
         out(f"override: {override.text} ({_OPERATIONS[override.operation]} {override.key})")
     out(f"family: {_family_line(checked)}")
-    if checked.settings.saved_provider is not None:
-        out(f"saved provider: {checked.settings.saved_provider}")
+    if checked.settings.sources.saved_provider is not None:
+        out(f"saved provider: {checked.settings.sources.saved_provider}")
     out("settings read:")
     for key, value, source in _settings(checked):
         shown = value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)
@@ -246,23 +246,23 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
                      "adjustments": adjusted})
         return EXIT_OK
     s = checked.settings
-    out(f"selection ({s.flags_key}): {flags_line(selection, model_parts(selection, s.family))}")
+    out(f"selection ({s.sources.flags_key}): {flags_line(selection, model_parts(selection, s.family))}")
     if selection.patterns:
         out(f"patterns ({s.key_of(PATTERN_KEYS[0]).rpartition('.')[0]}): " + " ".join(
             f"{key}={json.dumps(values)}" for key, values in selection.patterns_dict().items() if values))
-    if s.strategy_note:  # a backend the flags never reach (NeMo-RL's DTensor): what trains is the trainer's affair
-        out(f"backend: {s.strategy.value} ({s.strategy.key}=true): {s.strategy_note}; the summary below is what the "
-            "flags would mean on Megatron")
+    if s.run.strategy_note:  # a backend the flags never reach (NeMo-RL's DTensor): what trains is the trainer's affair
+        out(f"backend: {s.run.strategy.value} ({s.run.strategy.key}=true): {s.run.strategy_note}; the summary "
+            "below is what the flags would mean on Megatron")
     out(trains_line(summary))
     if summary.lora is not None:
         out(lora_line(summary.lora))
     for line in [*summary.lines, *_own_lines(s, trained)]:
         out(line)
-    for key in s.unread_freeze_keys:
+    for key in s.sources.unread_freeze_keys:
         out(f"not read: {key} (no setting of the {checked.layout.title} layout: a run of it ignores this key)")
-    if checked.layout.learning_rates_refused is None:  # a layout that refuses per-part rates (SkyRL's) has none
-        rates = s.learning_rates.describe() if s.learning_rates else "every part on the global schedule"
-        out(f"learning rates ({s.learning_rates_key}): {rates}")
+    if checked.layout.rates.refused is None:  # a layout that refuses per-part rates (SkyRL's) has none
+        rates = s.rates.values.describe() if s.rates.values else "every part on the global schedule"
+        out(f"learning rates ({s.rates.key}): {rates}")
     for note in adjusted:
         out(f"adjusted when the model is built: {note}")
     out("OK: valid")

@@ -62,11 +62,11 @@ class Summary:
 
 def summarize(checked: Any, selection: FreezeSelection) -> Summary:
     s = checked.settings
-    hooks = frozenset(Part(own.name.removeprefix("freeze_")) for own in s.own_freeze
+    hooks = frozenset(Part(own.name.removeprefix("freeze_")) for own in s.sources.own_freeze
                       if own.setting.freezes_parts and own.value is True and own.name in FLAGS)
     if not s.lora.enabled:
         summary = Summary(*_parts(selection, s.family, hooks))
-    elif s.vlm_lora is not None and not selection.any_set:
+    elif s.lora_read.vlm_lora is not None and not selection.any_set:
         summary = _vlm_lora_summary(checked)
     elif selection.any_set:  # the flags choose the full-rank parts; the others train through adapters only
         summary = Summary(*_parts(selection, s.family, hooks))
@@ -77,8 +77,9 @@ def summarize(checked: Any, selection: FreezeSelection) -> Summary:
         summary.lora = _lora_doc(checked, "LoRA alone (no flag): the base model is frozen, only the adapters train")
     if hooks:
         summary.lines.append("frozen whole by the trainer's own hook: " + ", ".join(
-            f"{own.key}=true" for own in s.own_freeze if own.setting.freezes_parts and own.value is True
-            and own.name in FLAGS) + f" ({next(o.setting.by for o in s.own_freeze if o.setting.freezes_parts)})")
+            f"{own.key}=true" for own in s.sources.own_freeze if own.setting.freezes_parts and own.value is True
+            and own.name in FLAGS
+        ) + f" ({next(o.setting.by for o in s.sources.own_freeze if o.setting.freezes_parts)})")
     return summary
 
 
@@ -86,7 +87,7 @@ def _lora_doc(checked: Any, decided_by: str, switches: dict[str, bool] | None = 
     s = checked.settings
     targets = s.lora.target_modules
     return {
-        "class": s.lora_class or "megatron.bridge.peft.lora.LoRA", "rank": s.lora.rank,
+        "class": s.lora_read.lora_class or "megatron.bridge.peft.lora.LoRA", "rank": s.lora.rank,
         "target_modules": list(targets) if isinstance(targets, tuple) else targets,
         "adapters": lora_adapter_parts(s.lora, s.family), "decided_by": decided_by, "switches": switches,
     }
@@ -95,9 +96,9 @@ def _lora_doc(checked: Any, decided_by: str, switches: dict[str, bool] | None = 
 def _vlm_lora_summary(checked: Any) -> Summary:
     """No flag: Bridge's ``VLMLoRA`` freezes what its own switches name, the rest trains at full rank too."""
     s = checked.settings
-    switches = {flag: bool(setting.value) for flag, setting in (s.vlm_lora or {}).items()}
+    switches = {flag: bool(setting.value) for flag, setting in (s.lora_read.vlm_lora or {}).items()}
     written = ", ".join(f"{setting.key}={'true' if setting.value else 'false'}"
-                        for setting in (s.vlm_lora or {}).values())
+                        for setting in (s.lora_read.vlm_lora or {}).values())
     doc = _lora_doc(checked, "VLMLoRA's own switches (no flag set: the plugin is not asked)", switches)
     if s.family is None:
         per_tensor = {part.value: "VLMLoRA's switches decide" for part in model_parts(FreezeSelection(), None)}

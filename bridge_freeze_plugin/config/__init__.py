@@ -4,15 +4,19 @@
   came from;
 - :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
 - :mod:`._source`: the effective config and the layout it is read with;
-- :mod:`._layouts`: the :class:`Layout` record; each trainer's layout as data, one module each (:mod:`._layout_sft_rl`,
-  :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the layouts by name, and which one a file is;
+- :mod:`._layouts`: the :class:`Layout` record, made of one record per job (:mod:`._layout_records`: where the
+  plugin's keys live, :class:`Homes`; the model's, LoRA's, the strategy's and recompute's, the learning rates'
+  keys; what the trainer does with a config, :class:`TrainerFacts`); each trainer's layout as data, one module
+  each (:mod:`._layout_sft_rl`, :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the
+  layouts by name, and which one a file is;
 - :mod:`._skyrl_fields`, :mod:`._skyrl`: SkyRL's config classes (installed, else a committed listing), what its
   loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
 - :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
 - :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source, read
-  into :class:`RunSettings` (:mod:`._run_settings`) by job: values and their sources (:mod:`._values`), the flags and
-  patterns (:mod:`._flags`), keys written where they are not read (:mod:`._misplaced`), the other settings
-  (:mod:`._setting_readers`);
+  into :class:`RunSettings` (:mod:`._run_settings`: grouped by job, :class:`SelectionSources`,
+  :class:`RunSwitches`, :class:`LoraRead`, :class:`RateSettings`) by job: values and their sources
+  (:mod:`._values`), the flags and patterns (:mod:`._flags`), keys written where they are not read
+  (:mod:`._misplaced`), the other settings (:mod:`._setting_readers`);
 - :mod:`._conversion_cache`, :mod:`._saved_provider`: NeMo-RL's conversion cache (the provider a run builds from)
   and the flag values it holds for the flags a config does not write;
 - :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
@@ -29,12 +33,29 @@ from bridge_freeze_plugin.config._flags import read_selection
 from bridge_freeze_plugin.config._layout_bridge import BRIDGE
 from bridge_freeze_plugin.config._layout_detect import LAYOUTS
 from bridge_freeze_plugin.config._layout_nemorl import NEMO_RL
+from bridge_freeze_plugin.config._layout_records import (
+    Homes,
+    LoraKeys,
+    ModelKeys,
+    OwnSetting,
+    Peer,
+    RateKeys,
+    StrategyKeys,
+    TrainerFacts,
+)
 from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
-from bridge_freeze_plugin.config._layouts import Layout, resolvers
+from bridge_freeze_plugin.config._layouts import Layout, Marker, resolvers
 from bridge_freeze_plugin.config._lora_rules import lora_adapter_parts, vlm_lora_effect
 from bridge_freeze_plugin.config._reading import read_settings
 from bridge_freeze_plugin.config._rules import MEGATRON
-from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
+from bridge_freeze_plugin.config._run_settings import (
+    LoraRead,
+    LoraSettings,
+    RateSettings,
+    RunSettings,
+    RunSwitches,
+    SelectionSources,
+)
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._validation import (
     ConfigRun,
@@ -56,13 +77,26 @@ __all__ = [
     "RL",
     "SFT",
     "ConfigRun",
+    "Homes",
     "Layout",
     "LoadedConfig",
+    "LoraKeys",
+    "LoraRead",
     "LoraSettings",
+    "Marker",
+    "ModelKeys",
     "Override",
+    "OwnSetting",
+    "Peer",
     "Provenance",
+    "RateKeys",
+    "RateSettings",
     "RunSettings",
+    "RunSwitches",
+    "SelectionSources",
     "Setting",
+    "StrategyKeys",
+    "TrainerFacts",
     "choose_layout",
     "family_from_model_path",
     "family_from_name",

@@ -34,18 +34,19 @@ def supported_provider(s: RunSettings) -> FamilySpec | None:
             f"{keys}: the {family.name} model has no {what} (its parts: {family.describe_parts()}), so the flag "
             f"cannot freeze anything. Remove {', '.join(s.key_of(f) for f in missing)} (or set it to false)."
         )
-    foreign = [] if family is None or s.foreign_alias is None else [
-        k for k in s.aliases_written if k.rsplit(".", 1)[1] not in family.aliases]
+    foreign = [] if family is None or s.sources.foreign_alias is None else [
+        k for k in s.sources.aliases_written if k.rsplit(".", 1)[1] not in family.aliases]
     if foreign:
         alias = foreign[0].rsplit(".", 1)[1]
         raise InvalidFreezeConfigError(
             f"{foreign[0]}: the {family.name} model's provider has no field {alias} (Bridge's name of "
-            f"{ALIASES[alias]} on another family's provider), so the run would not apply it: {s.foreign_alias}. "
+            f"{ALIASES[alias]} on another family's provider), so the run would not apply it: "
+            f"{s.sources.foreign_alias}. "
             f"Write {s.key_of(ALIASES[alias])} instead.")
-    absent = [] if family is None or s.learning_rates is None else [
-        name for name in s.learning_rates.names() if name in BY_NAME and not family.has_part(BY_NAME[name])]
+    absent = [] if family is None or s.rates.values is None else [
+        name for name in s.rates.values.names() if name in BY_NAME and not family.has_part(BY_NAME[name])]
     if absent:
-        keys = ", ".join(f"{s.learning_rates_key}.lr_{name}" for name in absent)
+        keys = ", ".join(f"{s.rates.key}.lr_{name}" for name in absent)
         raise PartNotInFamilyError(
             f"{keys}: the {family.name} model has no {' and '.join(label(BY_NAME[n]) for n in absent)} (its "
             f"parts: {family.describe_parts()}), so the learning rate would never apply. Remove {keys}.")
@@ -75,11 +76,11 @@ def _covered_family(s: RunSettings) -> FamilySpec | None:
 
 def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool = True) -> str | None:
     """Full recompute on a family where it gives wrong gradients: the build's adjustment, said now (a warning)."""
-    if normalise_strategy(s.strategy.value) not in (None, MEGATRON) or s.language_model_only.value:
+    if normalise_strategy(s.run.strategy.value) not in (None, MEGATRON) or s.run.language_model_only.value:
         return None
-    settings = {r.key or "recompute_granularity": r.value for r in s.recompute}
-    sources = {r.key or "recompute_granularity": r.source for r in s.recompute}
-    note = full_recompute_adjustment(family, s.selection, settings, flags_key=s.flags_key, sources=sources,
+    settings = {r.key or "recompute_granularity": r.value for r in s.run.recompute}
+    sources = {r.key or "recompute_granularity": r.source for r in s.run.recompute}
+    note = full_recompute_adjustment(family, s.selection, settings, flags_key=s.sources.flags_key, sources=sources,
                                      warn=warn and is_rank0())
     if not warn:
         return note

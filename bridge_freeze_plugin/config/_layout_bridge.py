@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from bridge_freeze_plugin.config._layout_records import Homes, LoraKeys, ModelKeys, RateKeys, StrategyKeys
 from bridge_freeze_plugin.config._layouts import BRIDGE_FIELDS, Layout, Marker
 
 #: Names that look like Bridge fields but are none (a run would drop them: Bridge skips an override key its
@@ -28,27 +29,22 @@ BRIDGE = Layout(
     name="bridge",
     title="Megatron-Bridge ConfigContainer",
     trainer="Megatron-Bridge",
-    flags="model",
-    strategy=None,
-    fixed_strategy="megatron",
-    language_model_only=None,
-    lora="peft",
-    lora_rank="dim",
-    lora_default_rank=32,
-    vlm_lora_targets=(VLM_LORA,),
-    model_path=None,
-    provider_target="model._target_",
-    recompute=("model.recompute_granularity",),
-    own={"model": BRIDGE_FIELDS},
-    refused={"model": _NOT_BRIDGE_FIELDS},
+    homes=Homes(
+        flags="model",
+        own={"model": BRIDGE_FIELDS},
+        refused={"model": _NOT_BRIDGE_FIELDS},
+        saves_every_field=True,
+        foreign_alias="Bridge's instantiate drops a field its provider class lacks (with a warning)",
+    ),
+    model=ModelKeys(provider_target="model._target_"),
+    lora=LoraKeys(section="peft", rank="dim", default_rank=32, vlm_targets=(VLM_LORA,)),
+    strategy=StrategyKeys(fixed="megatron", recompute=("model.recompute_granularity",)),
+    # Bridge applies per-part learning rates through the optimizer override provider, never from the provider
+    # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
+    rates=RateKeys(section="optimizer_config_override_provider",
+                   targets=("bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
+                            "bridge_freeze_plugin.optim.PartLROverrideProvider")),
     decides=(Marker(("model._target_",)),),
     hints=tuple(Marker((key,)) for key in ("peft", "ddp", "checkpoint", "scheduler", "rerun_state_machine",
                                            "optimizer", "optimizer_config_override_provider", "model.freeze_*")),
-    # Bridge applies per-part learning rates through the optimizer override provider, never from the provider
-    # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
-    learning_rates="optimizer_config_override_provider",
-    saves_every_field=True,
-    foreign_alias="Bridge's instantiate drops a field its provider class lacks (with a warning)",
-    learning_rates_targets=("bridge_freeze_plugin.optim.bridge.PartLROverrideProvider",
-                            "bridge_freeze_plugin.optim.PartLROverrideProvider"),
 )

@@ -105,7 +105,7 @@ def plugin_sections() -> tuple[str, ...]:
     """Every section any layout reads the plugin's keys from (flags, patterns, learning rates, the reference's)."""
     out: list[str] = []
     for layout in LAYOUTS.values():
-        for key in (*layout.plugin_homes, layout.lr_section, layout.reference_flags):
+        for key in (*layout.homes.plugin_homes, layout.lr_section, layout.homes.reference_flags):
             if key is not None and key not in out:
                 out.append(key)
     return tuple(out)

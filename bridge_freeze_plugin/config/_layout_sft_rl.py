@@ -3,7 +3,8 @@ defaults, its older Hydra YAML layout), as data (:class:`~bridge_freeze_plugin.c
 
 from __future__ import annotations
 
-from bridge_freeze_plugin.config._layouts import Layout, Marker, Peer, _bridge_field_elsewhere, _router
+from bridge_freeze_plugin.config._layout_records import Homes, LoraKeys, ModelKeys, Peer, StrategyKeys, TrainerFacts
+from bridge_freeze_plugin.config._layouts import Layout, Marker, _bridge_field_elsewhere, _router
 
 #: The trainer's LoRA targets as its Megatron worker hands them to Bridge's LoRA (SkyRL 0.4.0's
 #: ``MegatronWorker.configure_lora``): ``"all-linear"`` (its default) becomes these leaf names, matched in every
@@ -11,34 +12,32 @@ from bridge_freeze_plugin.config._layouts import Layout, Marker, Peer, _bridge_f
 #: ``in_proj`` to two fused HF tensors, Qwen3-Next's layout; no registered family has it.) ``canonical_lora``'s list
 #: names the same modules (``linear_q``... are read as the module they split).
 ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj")
-_LORA_NAMES = {"lora_target_aliases": {"all-linear": ALL_LINEAR}, "lora_default_target": "all-linear"}
+_LORA_NAMES = {"target_aliases": {"all-linear": ALL_LINEAR}, "default_target": "all-linear"}
 
 SFT = Layout(
     name="sft",
     title="SFT",
     trainer="the trainer",
-    flags="megatron_config",
-    strategy="strategy",
-    language_model_only="model.language_model_only",
-    lora="model.lora",
-    lora_rank="rank",
-    lora_type="megatron_config.lora_config.lora_type",
-    **_LORA_NAMES,
-    model_path="model.path",
-    provider_target=None,
-    recompute=(
+    homes=Homes(
+        flags="megatron_config",
+        own={"megatron_config": {"freeze_moe_router": _router("the trainer")}},
+        refused={"megatron_config": _bridge_field_elsewhere("the trainer")},
+    ),
+    model=ModelKeys(path="model.path", language_model_only="model.language_model_only"),
+    lora=LoraKeys(section="model.lora", rank="rank", type="megatron_config.lora_config.lora_type", **_LORA_NAMES),
+    strategy=StrategyKeys(key="strategy", recompute=(
         "megatron_config.recompute_granularity",
         "megatron_config.transformer_config_kwargs.recompute_granularity",
+    )),
+    run=TrainerFacts(
+        defaults={
+            "strategy": "megatron",
+            "model.lora.rank": 0,
+            "megatron_config.transformer_config_kwargs.recompute_granularity": "full",
+        },
+        skyrl="sft",
     ),
-    own={"megatron_config": {"freeze_moe_router": _router("the trainer")}},
-    refused={"megatron_config": _bridge_field_elsewhere("the trainer")},
-    defaults={
-        "strategy": "megatron",
-        "model.lora.rank": 0,
-        "megatron_config.transformer_config_kwargs.recompute_granularity": "full",
-    },
     decides=(Marker(("strategy",)), Marker(("megatron_config",))),
-    skyrl="sft",
     hints=(Marker(("model.path",)), Marker(("model.lora",)), Marker(("model.language_model_only",))),
 )
 
@@ -46,40 +45,42 @@ RL = Layout(
     name="rl",
     title="RL",
     trainer="the trainer",
-    flags="trainer.policy.megatron_config",
-    strategy="trainer.strategy",
-    language_model_only="trainer.policy.language_model_only",
-    lora="trainer.policy.model.lora",
-    lora_rank="rank",
-    lora_type="trainer.policy.megatron_config.lora_config.lora_type",
-    **_LORA_NAMES,
-    model_path="trainer.policy.model.path",
-    provider_target=None,
-    recompute=(
+    homes=Homes(
+        flags="trainer.policy.megatron_config",
+        reference_flags="trainer.ref.megatron_config",
+        own={"trainer.policy.megatron_config": {"freeze_moe_router": _router("the trainer")},
+             "trainer.ref.megatron_config": {"freeze_moe_router": _router("the trainer")}},
+        refused={"trainer.policy.megatron_config": _bridge_field_elsewhere("the trainer")},
+    ),
+    model=ModelKeys(
+        path="trainer.policy.model.path",
+        language_model_only="trainer.policy.language_model_only",
+        peers=(
+            Peer("trainer.ref.language_model_only", "the reference model",
+                 used_when=("trainer.algorithm.use_kl_loss", "trainer.algorithm.use_kl_in_reward")),
+            Peer("generator.inference_engine.language_model_only", "the inference engine"),
+        ),
+    ),
+    lora=LoraKeys(section="trainer.policy.model.lora", rank="rank",
+                  type="trainer.policy.megatron_config.lora_config.lora_type", **_LORA_NAMES),
+    strategy=StrategyKeys(key="trainer.strategy", recompute=(
         "trainer.policy.megatron_config.recompute_granularity",
         "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity",
+    )),
+    run=TrainerFacts(
+        defaults={
+            "trainer.strategy": "fsdp",
+            "trainer.policy.language_model_only": False,
+            "trainer.policy.model.lora.rank": 0,
+            "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity": "full",
+            "trainer.ref.language_model_only": False,
+            "trainer.algorithm.use_kl_loss": True,
+            "trainer.algorithm.use_kl_in_reward": False,
+            "generator.inference_engine.language_model_only": False,
+        },
+        syncs_weights=True,
+        skyrl="rl",
     ),
-    reference_flags="trainer.ref.megatron_config",
-    peers=(
-        Peer("trainer.ref.language_model_only", "the reference model",
-             used_when=("trainer.algorithm.use_kl_loss", "trainer.algorithm.use_kl_in_reward")),
-        Peer("generator.inference_engine.language_model_only", "the inference engine"),
-    ),
-    own={"trainer.policy.megatron_config": {"freeze_moe_router": _router("the trainer")},
-         "trainer.ref.megatron_config": {"freeze_moe_router": _router("the trainer")}},
-    refused={"trainer.policy.megatron_config": _bridge_field_elsewhere("the trainer")},
-    defaults={
-        "trainer.strategy": "fsdp",
-        "trainer.policy.language_model_only": False,
-        "trainer.policy.model.lora.rank": 0,
-        "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity": "full",
-        "trainer.ref.language_model_only": False,
-        "trainer.algorithm.use_kl_loss": True,
-        "trainer.algorithm.use_kl_in_reward": False,
-        "generator.inference_engine.language_model_only": False,
-    },
     decides=(Marker(("trainer",)),),
     hints=(Marker(("generator",)),),
-    syncs_weights=True,
-    skyrl="rl",
 )

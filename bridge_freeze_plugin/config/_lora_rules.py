@@ -64,7 +64,7 @@ def leaf_parts(leaf: str, family: FamilySpec) -> tuple[frozenset[Part | None], f
 
 
 def _lora_section(s: RunSettings) -> str:
-    return (s.lora_rank.key or "lora.rank").rpartition(".")[0]
+    return (s.lora_read.rank.key or "lora.rank").rpartition(".")[0]
 
 
 def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None) -> list[str]:
@@ -175,10 +175,11 @@ def vlm_lora_effect(family: FamilySpec, switches: Mapping[str, bool]) -> VlmLora
 def vlm_lora_switches(s: RunSettings, family: FamilySpec | None) -> list[str]:
     """``VLMLoRA``'s own switches (``peft.freeze_*``): read when they mean what they say on this model, refused
     with the reason when they cannot (a module the model lacks) or would be overruled (by the flags)."""
-    if s.vlm_lora is None:
+    if s.lora_read.vlm_lora is None:
         return []
-    switches = {flag: bool(setting.value) for flag, setting in s.vlm_lora.items()}
-    written = ", ".join(f"{setting.key}={'true' if setting.value else 'false'}" for setting in s.vlm_lora.values())
+    switches = {flag: bool(setting.value) for flag, setting in s.lora_read.vlm_lora.items()}
+    written = ", ".join(f"{setting.key}={'true' if setting.value else 'false'}"
+                        for setting in s.lora_read.vlm_lora.values())
     if family is None:
         if not s.selection.any_set:
             return []  # the plugin is not asked: VLMLoRA decides (said in the summary)
@@ -187,7 +188,7 @@ def vlm_lora_switches(s: RunSettings, family: FamilySpec | None) -> list[str]:
                 "(--family), or use megatron.bridge.peft.lora.LoRA, which has no switches of its own."]
     effect = vlm_lora_effect(family, switches)
     if effect.missing:
-        keys = ", ".join(s.vlm_lora[switch].key for switch in effect.missing)
+        keys = ", ".join(s.lora_read.vlm_lora[switch].key for switch in effect.missing)
         modules = ", ".join(f"model.{VLM_LORA_MODULES[switch]}" for switch in effect.missing)
         return [f"{keys}=true: VLMLoRA freezes {modules}, which the {family.name} model does not have (VLMLoRA "
                 f"names the LLaVA layout's modules), so Bridge's PEFT step would fail with AttributeError. Set "

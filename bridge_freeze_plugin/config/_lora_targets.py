@@ -54,7 +54,7 @@ def lora_targets_are_exportable(s: RunSettings, family: FamilySpec | None) -> li
     """A LoRA target that certainly lands on plain ``torch.nn.Linear`` modules, while a flag is set: a problem."""
     if not s.lora.enabled or not s.selection.any_set or family is None or not family.plain_linear:
         return []
-    section = (s.lora_rank.key or "lora.rank").rpartition(".")[0]
+    section = (s.lora_read.rank.key or "lora.rank").rpartition(".")[0]
     targets = s.lora.target_modules
     if targets is None:  # Bridge's default leaf names (linear_qkv, ...): Megatron layers
         return []

@@ -36,22 +36,22 @@ def _plugin_key(key: str) -> str | None:
 
 def _homes_text(layout: Layout) -> str:
     """Where the flags and patterns go, in words."""
-    if not layout.flag_homes:
-        return f"the flags and patterns go under {layout.flags}"
+    if not layout.homes.flag_homes:
+        return f"the flags and patterns go under {layout.homes.flags}"
     elsewhere: dict[str, list[str]] = {}
-    for key, home in layout.flag_homes.items():
+    for key, home in layout.homes.flag_homes.items():
         elsewhere.setdefault(home, []).append(key)
     rest = "; ".join(f"{', '.join(keys)} under {home}" for home, keys in elsewhere.items())
-    here = [key for key in PLUGIN_KEYS if key not in layout.flag_homes]
-    return f"{', '.join(here)} go under {layout.flags}; {rest}"
+    here = [key for key in PLUGIN_KEYS if key not in layout.homes.flag_homes]
+    return f"{', '.join(here)} go under {layout.homes.flags}; {rest}"
 
 
 def _own_here(cfg: Any, layout: Layout, where: str, key: str) -> bool:
     """Whether ``where.key`` is Bridge's or the trainer's own ``freeze_*`` setting (never one of the plugin's)."""
-    if layout.own_setting(where, key) is not None:
+    if layout.homes.own_setting(where, key) is not None:
         return True
-    return (key in FLAGS and where == layout.lora and bool(layout.vlm_lora_targets)
-            and select(cfg, f"{layout.lora}._target_") in layout.vlm_lora_targets)
+    return (key in FLAGS and where == layout.lora.section and bool(layout.lora.vlm_targets)
+            and select(cfg, f"{layout.lora.section}._target_") in layout.lora.vlm_targets)
 
 
 def _unset(value: Any) -> bool:
@@ -78,32 +78,32 @@ def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
         if kind is None or _own_here(cfg, layout, where, key):
             continue
         dotted = _dotted(where, key)
-        never = layout.reference_of(where)
+        never = layout.homes.reference_of(where)
         if never is not None:
             if not _unset(_quiet(cfg, dotted)):
                 problems.append(
                     f"{dotted}: {never} never trains, so a freeze flag, pattern or learning rate there has no "
                     f"meaning. Remove it (or set it false / empty if a YAML merge copied it from the policy); the "
-                    f"policy's go under {layout.lr_section if kind == 'lr' else layout.flags}"
-                    + (f" ({_homes_text(layout)})" if layout.flag_homes and kind == "flag" else ""))
+                    f"policy's go under {layout.lr_section if kind == 'lr' else layout.homes.flags}"
+                    + (f" ({_homes_text(layout)})" if layout.homes.flag_homes and kind == "flag" else ""))
             continue
         if kind == "flag":
             exact = key in PLUGIN_KEYS
-            if where == layout.reference_flags or (exact and where == layout.home(key)) or (
-                    not exact and where in layout.plugin_homes):
+            if where == layout.homes.reference_flags or (exact and where == layout.homes.home(key)) or (
+                    not exact and where in layout.homes.plugin_homes):
                 continue  # read (a near-misspelling in a home section: reading names the flag it means)
-            if exact and where in layout.plugin_homes:
-                problems.append(f"{dotted} is not applied in a {layout.title} run: {layout.section_notes[where]}. "
-                                f"Write {layout.key(key)} instead")
+            if exact and where in layout.homes.plugin_homes:
+                problems.append(f"{dotted} is not applied in a {layout.title} run: "
+                                f"{layout.homes.section_notes[where]}. Write {layout.homes.key(key)} instead")
                 continue
-            home = layout.key(key) if exact else f"{layout.flags}.{key}"
+            home = layout.homes.key(key) if exact else f"{layout.homes.flags}.{key}"
             problems.append(
                 f"{dotted} is not read in the {layout.title} layout, so the run would ignore it: "
                 f"{_homes_text(layout)}. Write {home} instead"
             )
-        elif kind == "lr" and layout.learning_rates_refused is not None:
-            problems.append(f"{dotted}: {layout.learning_rates_refused}")
-        elif kind == "lr" and where == layout.reference_flags:
+        elif kind == "lr" and layout.rates.refused is not None:
+            problems.append(f"{dotted}: {layout.rates.refused}")
+        elif kind == "lr" and where == layout.homes.reference_flags:
             problems.append(
                 f"{dotted}: the reference model never trains, so a learning rate there never applies. "
                 f"Remove it; per-part learning rates of the policy go under {layout.lr_section}"
@@ -132,7 +132,7 @@ def unread_freeze_keys(cfg: Any, layout: Layout) -> list[str]:
     layout, or of no trainer: a run of this layout never reads it.
     """
     keys, referenced = _all_keys(cfg)
-    homes = {*layout.plugin_homes, layout.reference_flags}
+    homes = {*layout.homes.plugin_homes, layout.homes.reference_flags}
     out = []
     for where, key in keys:
         if not key.lower().startswith("freeze_") or key in PLUGIN_KEYS or where in homes:
@@ -159,9 +159,9 @@ def _own_freeze(cfg: Any, layout: Layout, source: Source) -> tuple[OwnFreeze, ..
     keys, _ = _all_keys(cfg)
     out = []
     for where, key in keys:
-        if not key.startswith("freeze_") or layout.reference_of(where) or where == layout.reference_flags:
+        if not key.startswith("freeze_") or layout.homes.reference_of(where) or where == layout.homes.reference_flags:
             continue
-        setting = layout.own_setting(where, key)
+        setting = layout.homes.own_setting(where, key)
         if setting is None:
             continue
         dotted = _dotted(where, key)
@@ -213,11 +213,11 @@ def _all_keys(cfg: Any) -> tuple[list[tuple[str, str]], set[str]]:
 
 
 def _lr_home(layout: Layout, where: str, key: str) -> str:
-    if not layout.learning_rates_targets:
+    if not layout.rates.targets:
         return f": per-part learning rates go under {layout.lr_section}. Write {layout.lr_section}.{key} instead"
-    target = layout.learning_rates_targets[0]
+    target = layout.rates.targets[0]
     provider = target.rpartition(".")[2]
-    what = ("a learning rate written on the model provider is never applied" if where == layout.flags
+    what = ("a learning rate written on the model provider is never applied" if where == layout.homes.flags
             else "per-part learning rates are not read there")
     return (f": {what}. A Megatron-Bridge run takes per-part learning rates from its optimizer override "
             f"provider: write {layout.lr_section}: {{_target_: {target}, {key}: ...}} (in code: "

@@ -17,12 +17,17 @@ from bridge_freeze_plugin.config._flags import _checked_section, _selection, rea
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS
 from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._misplaced import _own_freeze, misplaced_keys, unread_freeze_keys
-from bridge_freeze_plugin.config._run_settings import RunSettings
+from bridge_freeze_plugin.config._run_settings import (
+    LoraRead,
+    RateSettings,
+    RunSettings,
+    RunSwitches,
+    SelectionSources,
+)
 from bridge_freeze_plugin.config._setting_readers import (
     _bool_setting,
     _learning_rate_section,
     _lora,
-    _lora_enable,
     _peers,
     _recompute,
     _strategy,
@@ -59,12 +64,12 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None,
 
     Raises at once for a flag that is not a boolean or an unknown freeze key (policy or reference model), and
     for a flag, pattern or learning rate written where this layout's runs never read it; a malformed
-    neighbouring setting is kept in :attr:`RunSettings.malformed`.
+    neighbouring setting is kept in :attr:`SelectionSources.malformed`.
     """
     source = source or (lambda key: IN_CONFIG)
     if not isinstance(cfg, (DictConfig, Mapping)):
         raise TypeError(f"expected an OmegaConf DictConfig or a mapping, got {type(cfg).__name__}")
-    if layout.skyrl is not None:  # SkyRL's layout given in code: checked and read as the SkyRL here reads it
+    if layout.run.skyrl is not None:  # SkyRL's layout given in code: checked and read as the SkyRL here reads it
         from bridge_freeze_plugin.config._skyrl import adapt
 
         layout, _ = adapt(cfg, layout)
@@ -73,7 +78,7 @@ def read_settings(cfg: Any, layout: Layout, source: Source | None = None,
 
 
 def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = None) -> RunSettings:
-    if layout.resolves_whole_config:
+    if layout.run.resolves_whole_config:
         _resolve_all(cfg, layout)
     misplaced = misplaced_keys(cfg, layout)
     if misplaced:
@@ -81,81 +86,91 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
     homes, sections, selection, reference = _selections(cfg, layout)
     malformed: list[str] = []
     strategy, strategy_note = _strategy(cfg, layout, source)
-    lmo = _bool_setting(cfg, layout.language_model_only, source, malformed)
+    lmo = _bool_setting(cfg, layout.model.language_model_only, source, malformed)
     lora, rank = _lora(cfg, layout, source, malformed)
-    target = select(cfg, layout.provider_target) if layout.provider_target else None
-    lora_class = select(cfg, f"{layout.lora}._target_") if lora.enabled else None
+    target = select(cfg, layout.model.provider_target) if layout.model.provider_target else None
+    lora_class = select(cfg, f"{layout.lora.section}._target_") if lora.enabled else None
     # Per-part learning rates (lr_<part>, min_lr_<part>): next to the flags, or (Bridge) on the optimizer
     # override provider; checked as they are read.
-    learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, sections[layout.flags]),
+    learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, sections[layout.homes.flags]),
                                               where=layout.lr_section, frozen=selection.untrained_parts(),
-                                              lora=lora.enabled, flags_where=layout.flags,
+                                              lora=lora.enabled, flags_where=layout.homes.flags,
                                               parts=None if family is None else family.part_names(),
                                               model="the model" if family is None else f"the {family.name} model")
     return RunSettings(
         layout=layout.name,
         selection=selection,
-        flags_key=layout.flags,
-        strategy=strategy,
-        language_model_only=lmo,
+        sources=_sources(cfg, layout, source, homes, sections, reference, malformed),
+        run=RunSwitches(
+            strategy=strategy,
+            language_model_only=lmo,
+            recompute=_recompute(cfg, layout.strategy, source),
+            peers=_peers(cfg, layout.model, source),
+            strategy_fix=layout.strategy.key_fix(),
+            strategy_note=strategy_note,
+            strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy.switches)} is true (no backend)"
+                            if layout.strategy.switches else None),
+            strategy_shown=_switches_shown(cfg, layout.strategy, source),
+            syncs_weights=_syncs_weights(cfg, layout.run),
+            weight_sync_note=layout.run.weight_sync_note,
+        ),
         lora=lora,
-        lora_rank=rank,
-        recompute=_recompute(cfg, layout, source),
-        provider_target=None if target is None else Setting(str(target), layout.provider_target,
-                                                             source(str(layout.provider_target))),
+        lora_read=LoraRead(rank=rank, enable=layout.lora.enable(),
+                           lora_class=None if lora_class is None else str(lora_class),
+                           vlm_lora=_vlm_lora(cfg, layout.lora, lora, source)),
+        rates=RateSettings(values=learning_rates, key=layout.lr_section),
+        provider_target=None if target is None else Setting(str(target), layout.model.provider_target,
+                                                             source(str(layout.model.provider_target))),
+        trainer=layout.trainer,
+    )
+
+
+def _sources(cfg: Any, layout: Layout, source: Source, homes: Mapping[str, str],
+             sections: Mapping[str, Mapping[str, Any]], reference: FreezeSelection | None,
+             malformed: list[str]) -> SelectionSources:
+    """Where the selection was read (the plugin keys, Bridge's names of a flag, the reference model's flags) and
+    the ``freeze_*`` keys that are not the plugin's."""
+    return SelectionSources(
+        flags_key=layout.homes.flags,
+        flag_keys={key: f"{home}.{key}" for key, home in homes.items() if home != layout.homes.flags},
+        alias_keys={flag: tuple(f"{layout.homes.alias_home(a)}.{a}" for a, f in ALIASES.items() if f == flag)
+                    for flag in FLAGS},
+        aliases_written=tuple(f"{layout.homes.alias_home(a)}.{a}" for a in ALIASES
+                              if a in sections.get(layout.homes.alias_home(a), {})),
+        foreign_alias=layout.homes.foreign_alias,
         reference=reference,
-        reference_key=layout.reference_flags,
-        peers=_peers(cfg, layout, source),
-        malformed=tuple(malformed),
-        learning_rates=learning_rates,
-        learning_rates_key=layout.lr_section,
-        flag_keys={key: f"{home}.{key}" for key, home in homes.items() if home != layout.flags},
+        reference_key=layout.homes.reference_flags,
         own_freeze=_own_freeze(cfg, layout, source),
         unread_freeze_keys=tuple(unread_freeze_keys(cfg, layout)),
-        syncs_weights=_syncs_weights(cfg, layout),
-        weight_sync_note=layout.weight_sync_note,
-        strategy_fix=layout.strategy_key_fix(layout.strategy),
-        strategy_note=strategy_note,
-        strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy_switches)} is true (no backend)"
-                        if layout.strategy_switches else None),
-        strategy_shown=_switches_shown(cfg, layout, source),
-        lora_enable=_lora_enable(layout),
-        lora_class=None if lora_class is None else str(lora_class),
-        vlm_lora=_vlm_lora(cfg, layout, lora, source),
-        trainer=layout.trainer,
-        foreign_alias=layout.foreign_alias,
-        aliases_written=tuple(f"{layout.alias_home(a)}.{a}" for a in ALIASES
-                              if a in sections.get(layout.alias_home(a), {})),
-        alias_keys={flag: tuple(f"{layout.alias_home(a)}.{a}" for a, f in ALIASES.items() if f == flag)
-                    for flag in FLAGS},
+        malformed=tuple(malformed),
     )
 
 
 def _selections(cfg: Any, layout: Layout) -> tuple[dict[str, str], dict[str, Mapping[str, Any]], FreezeSelection,
                                                     FreezeSelection | None]:
     """The plugin keys' homes, their checked sections, the policy's selection and the reference model's."""
-    homes = {key: layout.home(key) for key in PLUGIN_KEYS}
+    homes = {key: layout.homes.home(key) for key in PLUGIN_KEYS}
     sections = {}
-    for home in layout.plugin_homes:
-        known = layout.own_keys(home)
+    for home in layout.homes.plugin_homes:
+        known = layout.homes.own_keys(home)
         sections[home] = _checked_section(section(cfg, home), home, known or frozenset(),
-                                          layout.refused_here(home), any_own=known is None)
-    selection = _selection(sections, {**homes, **{a: layout.alias_home(a) for a in ALIASES}},
-                           saved=layout.saves_every_field)
+                                          layout.homes.refused_here(home), any_own=known is None)
+    selection = _selection(sections, {**homes, **{a: layout.homes.alias_home(a) for a in ALIASES}},
+                           saved=layout.homes.saves_every_field)
     reference = None
-    if layout.reference_flags is not None:
-        reference = read_selection(section(cfg, layout.reference_flags), where=layout.reference_flags,
-                                   known=layout.own_keys(layout.reference_flags) or frozenset())
+    if layout.homes.reference_flags is not None:
+        reference = read_selection(section(cfg, layout.homes.reference_flags), where=layout.homes.reference_flags,
+                                   known=layout.homes.own_keys(layout.homes.reference_flags) or frozenset())
     return homes, sections, selection, reference
 
 
 def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: FamilySpec | None) -> RunSettings:
     """``s`` with the flags the config does not write set as the model provider keeps them, for a layout whose
     trainer passes only the flags written (NeMo-RL): Bridge's ``Qwen3VLMoEModelProvider`` freezes the language
-    model and the vision encoder by default. Said per flag in :attr:`RunSettings.provider_defaults`."""
-    if not layout.unwritten_flags_keep_provider_default:
+    model and the vision encoder by default. Said per flag in :attr:`SelectionSources.provider_defaults`."""
+    if not layout.run.unwritten_flags_keep_provider_default:
         return s
-    if layout.conversion_cache is not None:  # NeMo-RL: its saved provider, found as NeMo-RL finds it
+    if layout.run.conversion_cache is not None:  # NeMo-RL: its saved provider, found as NeMo-RL finds it
         from bridge_freeze_plugin.config._saved_provider import with_saved_provider
 
         return with_saved_provider(s, cfg, layout, family)
@@ -176,7 +191,7 @@ def with_provider_defaults(s: RunSettings, cfg: Any, layout: Layout, family: Fam
             notes[flag] = (f"not written: {layout.trainer} leaves the provider's default, false on every Bridge "
                            f"provider but {flag_defaults_sentence()}: name the family to be sure")
     if not on:
-        return replace(s, provider_defaults=notes)
+        return replace(s, sources=replace(s.sources, provider_defaults=notes))
     selection = FreezeSelection(**{**s.selection.as_dict(), **on}, train_patterns=s.selection.train_patterns,
                                 freeze_patterns=s.selection.freeze_patterns)
-    return replace(s, selection=selection, provider_defaults=notes)
+    return replace(s, selection=selection, sources=replace(s.sources, provider_defaults=notes))

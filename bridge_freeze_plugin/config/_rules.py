@@ -39,36 +39,38 @@ def asked(s: RunSettings) -> str:
 
 def reference_model_never_trains(s: RunSettings) -> list[str]:
     """A freeze flag under the reference model's section."""
-    if s.reference is None or not s.reference.any_set:
+    if s.sources.reference is None or not s.sources.reference.any_set:
         return []
     return [
-        f"{flag_list(s.reference, str(s.reference_key))}: the reference model never trains, so a freeze flag "
-        f"there has no meaning. Remove it from {s.reference_key}; to choose what the policy trains, "
-        f"set the flag under {s.flags_key} instead."
+        f"{flag_list(s.sources.reference, str(s.sources.reference_key))}: the reference model never trains, so a "
+        "freeze flag "
+        f"there has no meaning. Remove it from {s.sources.reference_key}; to choose what the policy trains, "
+        f"set the flag under {s.sources.flags_key} instead."
     ]
 
 
 def neighbours_well_formed(s: RunSettings) -> list[str]:
     """The settings the rules read next to the flags are well-formed once a flag is set (else left to the trainer)."""
-    return list(s.malformed) if s.selection.any_set else []
+    return list(s.sources.malformed) if s.selection.any_set else []
 
 
 def strategy_must_be_megatron(s: RunSettings) -> list[str]:
     """Only Megatron applies the flags; any other strategy would silently ignore them."""
     if not s.selection.any_set:
         return []
-    flags, key, strategy = asked(s), s.strategy.key, s.strategy.value
-    fix = s.strategy_fix or f"{key}=megatron"
+    flags, key, strategy = asked(s), s.run.strategy.key, s.run.strategy.value
+    fix = s.run.strategy_fix or f"{key}=megatron"
     if strategy is None:
-        unset = s.strategy_unset or f"{key} is not set"
+        unset = s.run.strategy_unset or f"{key} is not set"
         return [
             f"{flags} requires strategy=megatron, but {unset}: the freeze flags are applied by the "
             f"Megatron-Bridge model provider. Set {fix}, or unset the flag(s)."
         ]
     if normalise_strategy(strategy) != MEGATRON:
-        why = s.strategy_note or f"{strategy} would silently ignore them"
+        why = s.run.strategy_note or f"{strategy} would silently ignore them"
         return [
-            f"{flags} requires strategy=megatron, but {s.strategy_shown or s.strategy.written}: the freeze flags are "
+            f"{flags} requires strategy=megatron, but {s.run.strategy_shown or s.run.strategy.written}: the freeze "
+            "flags are "
             "applied by the "
             f"Megatron-Bridge model provider, and {why}. Set {fix}, or unset the flag(s)."
         ]
@@ -77,7 +79,7 @@ def strategy_must_be_megatron(s: RunSettings) -> list[str]:
 
 def language_model_only_has_no_vision_part(s: RunSettings) -> list[str]:
     """A language-model-only run has none of the model's other parts (vision, audio) to choose from."""
-    lmo = s.language_model_only
+    lmo = s.run.language_model_only
     if not (s.selection.any_set and lmo.value):
         return []
     none_of = spoken(label(p) for p in s.parts if p is not Part.LANGUAGE_MODEL) or "other part"
@@ -91,20 +93,20 @@ def every_part_frozen_needs_lora(s: RunSettings) -> list[str]:
     """Every part frozen and no adapters: nothing would train."""
     if not (s.selection.freezes_all(s.parts) and not s.lora.enabled) or s.selection.train_patterns:
         return []  # (train patterns make parts of the frozen model train)
-    enable = s.lora_enable or f"{s.lora_rank.key} > 0"
+    enable = s.lora_read.enable or f"{s.lora_read.rank.key} > 0"
     return [
         f"{asked(s)}: every part of the model is frozen and LoRA is off "
-        f"({s.lora_rank.key}={s.lora.rank}), so nothing would train. Unset at least one flag, or enable LoRA "
+        f"({s.lora_read.rank.key}={s.lora.rank}), so nothing would train. Unset at least one flag, or enable LoRA "
         f"({enable}) to train adapters on the frozen model."
     ]
 
 
 def lora_with_partial_selection(s: RunSettings) -> list[str]:
     """LoRA with one or two flags trains adapters next to full-rank parts: for SFT; an RL run refuses it."""
-    if not (s.lora.enabled and s.selection.any_set and not s.selection.freezes_all(s.parts)) or not s.syncs_weights:
+    if not (s.lora.enabled and s.selection.any_set and not s.selection.freezes_all(s.parts)) or not s.run.syncs_weights:
         return []
-    key = s.lora_rank.key
-    why = s.weight_sync_note or (
+    key = s.lora_read.rank.key
+    why = s.run.weight_sync_note or (
         "the full-rank parts would need syncing too, which the trainer does not do, so generation would run on "
         "stale weights")
     return [
@@ -118,13 +120,13 @@ def lora_with_partial_selection(s: RunSettings) -> list[str]:
 
 def language_model_only_agrees(s: RunSettings) -> list[str]:
     """A language-model-only policy needs the reference model (when used) and the inference engine to agree."""
-    lmo = s.language_model_only
+    lmo = s.run.language_model_only
     if lmo.value is not True:
         return []
     return [
         f"{lmo.written} but {peer.written}: the trainer requires {what}'s language_model_only to agree with "
         f"the policy's. Set {peer.key}=true, or {lmo.key}=false."
-        for what, peer in s.peers if peer.value is not True
+        for what, peer in s.run.peers if peer.value is not True
     ]
 
 
@@ -135,7 +137,7 @@ def part_freezing_hooks_agree(s: RunSettings) -> list[str]:
         return []
     trained = {part.value for part in s.selection.trained_parts(s.parts)}
     out = []
-    for own in s.own_freeze:
+    for own in s.sources.own_freeze:
         part = own.name.removeprefix("freeze_")
         if own.setting.freezes_parts and own.value is True and own.name in FLAGS and part in trained:
             out.append(

@@ -53,70 +53,32 @@ class OwnFreeze:
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """What the rules read from one run's config."""
+class SelectionSources:
+    """Where the selection was read: the plugin keys' dotted keys, the reference model's, the ``freeze_*`` keys
+    that are not the plugin's, and the flags' values that come from elsewhere (read by :mod:`._rules`,
+    :mod:`._checks` and check-config's tables)."""
 
-    layout: str
-    selection: FreezeSelection
     flags_key: str
-    strategy: Setting
-    language_model_only: Setting
-    lora: LoraSettings
-    lora_rank: Setting
-    recompute: tuple[Setting, ...]
-    family: FamilySpec | None = None
-    family_source: str | None = None
-    provider: Any = None
-    provider_target: Setting | None = None
-    reference: FreezeSelection | None = None
-    reference_key: str | None = None
-    #: other components' language_model_only that must agree with the policy's (used ones only)
-    peers: tuple[tuple[str, Setting], ...] = ()
-    #: malformed settings next to the flags (rejected only when a flag is set)
-    malformed: tuple[str, ...] = field(default_factory=tuple)
-    #: per-part learning rates (``lr_<part>`` / ``min_lr_<part>``; empty: the global schedule)
-    learning_rates: Any = None
-    #: the section the learning rates were read from (next to the flags; Bridge: its optimizer override provider)
-    learning_rates_key: str | None = None
     #: plugin key (a flag or a pattern key) -> its dotted key, where it is not ``<flags_key>.<name>``
     flag_keys: Mapping[str, str] = field(default_factory=dict)
-    #: ``freeze_*`` settings that are Bridge's or the trainer's own: read and said, applied by them
-    own_freeze: tuple[OwnFreeze, ...] = ()
-    #: ``freeze_*`` keys the layout reads nowhere (``key=value``): reported
-    unread_freeze_keys: tuple[str, ...] = ()
-    #: the run syncs the policy's weights to an inference engine (RL rollouts): LoRA with full-rank parts refused
-    syncs_weights: bool = False
-    #: why that refusal holds for this trainer (``None``: the rule's own words)
-    weight_sync_note: str | None = None
-    #: what to write to choose the Megatron strategy, and why the flags cannot apply under the strategy read
-    strategy_fix: str | None = None
-    strategy_note: str | None = None
-    #: why no strategy is read, in words (``None``: the strategy key is not set)
-    strategy_unset: str | None = None
-    #: the strategy as written, when it is chosen by switches (``None``: ``strategy.written``)
-    strategy_shown: str | None = None
-    #: how LoRA is turned on here (for messages); the LoRA class (its ``_target_``) when the config names one
-    lora_enable: str | None = None
-    lora_class: str | None = None
-    #: Bridge's ``VLMLoRA``: its own three switches (``peft.freeze_*``, flag name -> setting)
-    vlm_lora: Mapping[str, Setting] | None = None
-    #: flags the config does not write that keep the model provider's own default (flag -> where it comes from)
-    provider_defaults: Mapping[str, str] = field(default_factory=dict)
-    #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
-    trainer: str = "the trainer"
+    #: flag -> the dotted keys of Bridge's names of it (aliases: ``freeze_sound_encoder``) in this layout
+    alias_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: dotted keys of Bridge's names of a flag (aliases) the config writes, and what the run does with one the
     #: family's provider lacks (``None``: not known, not checked)
     aliases_written: tuple[str, ...] = ()
     foreign_alias: str | None = None
+    reference: FreezeSelection | None = None
+    reference_key: str | None = None
+    #: ``freeze_*`` settings that are Bridge's or the trainer's own: read and said, applied by them
+    own_freeze: tuple[OwnFreeze, ...] = ()
+    #: ``freeze_*`` keys the layout reads nowhere (``key=value``): reported
+    unread_freeze_keys: tuple[str, ...] = ()
+    #: malformed settings next to the flags (rejected only when a flag is set)
+    malformed: tuple[str, ...] = ()
+    #: flags the config does not write that keep the model provider's own default (flag -> where it comes from)
+    provider_defaults: Mapping[str, str] = field(default_factory=dict)
     #: the saved provider the run builds from (NeMo-RL's conversion cache), in words; ``None``: none
     saved_provider: str | None = None
-    #: flag -> the dotted keys of Bridge's names of it (aliases: ``freeze_sound_encoder``) in this layout
-    alias_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @property
-    def parts(self) -> tuple[Part, ...]:
-        """The model's parts: its family's; family unknown: those assumed for a VLM, and any part flagged."""
-        return self.selection.parts_of(None if self.family is None else self.family.part_names())
 
     def key_of(self, name: str) -> str:
         """The dotted key of a plugin key (a flag or a pattern key) in this run's config."""
@@ -125,3 +87,82 @@ class RunSettings:
     def keys_of(self, flag: str) -> tuple[str, ...]:
         """Every key a flag may be written under in this run's config: its own, then Bridge's names of it."""
         return (self.key_of(flag), *self.alias_keys.get(flag, ()))
+
+
+@dataclass(frozen=True)
+class RunSwitches:
+    """The run's switches the freeze rules weigh: the strategy (and its words), ``language_model_only`` and its
+    peers', recompute, the weight sync."""
+
+    strategy: Setting
+    language_model_only: Setting
+    recompute: tuple[Setting, ...]
+    #: other components' language_model_only that must agree with the policy's (used ones only)
+    peers: tuple[tuple[str, Setting], ...] = ()
+    #: what to write to choose the Megatron strategy, and why the flags cannot apply under the strategy read
+    strategy_fix: str | None = None
+    strategy_note: str | None = None
+    #: why no strategy is read, in words (``None``: the strategy key is not set)
+    strategy_unset: str | None = None
+    #: the strategy as written, when it is chosen by switches (``None``: ``strategy.written``)
+    strategy_shown: str | None = None
+    #: the run syncs the policy's weights to an inference engine (RL rollouts): LoRA with full-rank parts refused
+    syncs_weights: bool = False
+    #: why that refusal holds for this trainer (``None``: the rule's own words)
+    weight_sync_note: str | None = None
+
+
+@dataclass(frozen=True)
+class LoraRead:
+    """How the config writes LoRA, beside :class:`LoraSettings` (what it is): the rank's setting, how LoRA is
+    turned on (for messages), the LoRA class named, Bridge's ``VLMLoRA`` switches."""
+
+    rank: Setting
+    enable: str | None = None
+    #: the LoRA class (its ``_target_``) when the config names one
+    lora_class: str | None = None
+    #: Bridge's ``VLMLoRA``: its own three switches (``peft.freeze_*``, flag name -> setting)
+    vlm_lora: Mapping[str, Setting] | None = None
+
+
+@dataclass(frozen=True)
+class RateSettings:
+    """The per-part learning rates (``lr_<part>`` / ``min_lr_<part>``; ``None``: the global schedule) and the
+    section they were read from (next to the flags; Bridge: its optimizer override provider)."""
+
+    values: Any = None
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the rules read from one run's config, grouped by job: the selection and where it was read
+    (:attr:`sources`), the run's switches (:attr:`run`), LoRA (:attr:`lora`, :attr:`lora_read`), the per-part
+    learning rates (:attr:`rates`), the model (family, provider)."""
+
+    layout: str
+    selection: FreezeSelection
+    sources: SelectionSources
+    run: RunSwitches
+    lora: LoraSettings
+    lora_read: LoraRead
+    rates: RateSettings = field(default_factory=RateSettings)
+    family: FamilySpec | None = None
+    family_source: str | None = None
+    provider: Any = None
+    provider_target: Setting | None = None
+    #: who runs the config ("the trainer", "Megatron-Bridge", "NeMo-RL")
+    trainer: str = "the trainer"
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """The model's parts: its family's; family unknown: those assumed for a VLM, and any part flagged."""
+        return self.selection.parts_of(None if self.family is None else self.family.part_names())
+
+    def key_of(self, name: str) -> str:
+        """The dotted key of a plugin key (a flag or a pattern key) in this run's config."""
+        return self.sources.key_of(name)
+
+    def keys_of(self, flag: str) -> tuple[str, ...]:
+        """Every key a flag may be written under in this run's config: its own, then Bridge's names of it."""
+        return self.sources.keys_of(flag)

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from bridge_freeze_plugin.config._layout_bridge import VLM_LORA_SWITCHES
+from bridge_freeze_plugin.config._layout_records import LoraKeys, ModelKeys, StrategyKeys, TrainerFacts
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._lora_names import trainer_targets
 from bridge_freeze_plugin.config._run_settings import LoraSettings
@@ -27,20 +28,20 @@ def _bool_setting(cfg: Any, key: str | None, source: Source, malformed: list[str
 
 
 def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tuple[LoraSettings, Setting]:
-    key = f"{layout.lora}.{layout.lora_rank}"
-    present = select(cfg, layout.lora) is not None
-    lora = section(cfg, layout.lora)
-    if layout.lora_switch is not None:  # NeMo-RL: peft.enabled turns it on; its dim is then required
-        switch = f"{layout.lora}.{layout.lora_switch}"
-        enabled = lora.get(layout.lora_switch)
+    key = f"{layout.lora.section}.{layout.lora.rank}"
+    present = select(cfg, layout.lora.section) is not None
+    lora = section(cfg, layout.lora.section)
+    if layout.lora.switch is not None:  # NeMo-RL: peft.enabled turns it on; its dim is then required
+        switch = f"{layout.lora.section}.{layout.lora.switch}"
+        enabled = lora.get(layout.lora.switch)
         if enabled is not None and not isinstance(enabled, bool):
             malformed.append(f"{switch} must be a boolean (true or false), got {as_yaml(enabled)!r}")
         if enabled is not True:
             return LoraSettings(), Setting(0, key, f"{switch} is not true: LoRA off ({source(switch)})")
-        if lora.get(layout.lora_rank) is None:
+        if lora.get(layout.lora.rank) is None:
             malformed.append(f"{key} must be set when {switch}=true ({layout.trainer} refuses LoRA without it)")
             return LoraSettings(), Setting(None, key, source(key))
-    rank = lora.get(layout.lora_rank, layout.lora_default_rank if present else 0)
+    rank = lora.get(layout.lora.rank, layout.lora.default_rank if present else 0)
     rank = 0 if rank is None else rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         malformed.append(f"{key} must be a non-negative integer (0: LoRA off), got {as_yaml(rank)!r}")
@@ -48,10 +49,10 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
     target = lora.get("target_modules")
     if target is not None and not isinstance(target, str) and not (
             isinstance(target, list) and all(isinstance(t, str) for t in target)):
-        malformed.append(f"{layout.lora}.target_modules must be a module name or a list of them, got "
+        malformed.append(f"{layout.lora.section}.target_modules must be a module name or a list of them, got "
                          f"{brief(repr(target))} ({type_label(target)})")
         target = None
-    target = trainer_targets(cfg, layout, target)
+    target = trainer_targets(cfg, layout.lora, target)
     exclude = lora.get("exclude_modules")
     exclude = [exclude] if isinstance(exclude, str) else exclude if isinstance(exclude, list) else []
     settings = LoraSettings(rank=rank, alpha=lora.get("alpha"),
@@ -60,20 +61,14 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
     return settings, Setting(rank, key, source(key))
 
 
-def _lora_enable(layout: Layout) -> str:
-    if layout.lora_switch is not None:
-        return f"{layout.lora}.{layout.lora_switch}=true with {layout.lora}.{layout.lora_rank} > 0"
-    return f"{layout.lora}.{layout.lora_rank} > 0"
-
-
-def _vlm_lora(cfg: Any, layout: Layout, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
+def _vlm_lora(cfg: Any, keys: LoraKeys, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
     """Bridge's ``VLMLoRA`` switches (``peft.freeze_*``, true when not written: its defaults), if that is the class."""
-    if not lora.enabled or select(cfg, f"{layout.lora}._target_") not in layout.vlm_lora_targets:
+    if not lora.enabled or select(cfg, f"{keys.section}._target_") not in keys.vlm_targets:
         return None
-    values = section(cfg, layout.lora)
+    values = section(cfg, keys.section)
     out = {}
     for flag in VLM_LORA_SWITCHES:
-        key = f"{layout.lora}.{flag}"
+        key = f"{keys.section}.{flag}"
         value = values.get(flag, True)
         if not isinstance(value, bool):
             raise FreezeFlagTypeError(f"{key} (VLMLoRA's own switch) must be a boolean (true or false), got "
@@ -84,31 +79,31 @@ def _vlm_lora(cfg: Any, layout: Layout, lora: LoraSettings, source: Source) -> M
 
 def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | None]:
     """The strategy setting and, when the flags cannot apply under it, why (from the layout's notes)."""
-    if layout.strategy_switches:  # NeMo-RL: the backend whose `enabled` switch is true
-        on = [(key, name) for key, name in layout.strategy_switches if select(cfg, key) is True]
+    if layout.strategy.switches:  # NeMo-RL: the backend whose `enabled` switch is true
+        on = [(key, name) for key, name in layout.strategy.switches if select(cfg, key) is True]
         value = "+".join(name for _, name in on) or None
-        key = on[0][0] if len(on) == 1 else layout.strategy_switches[0][0]
-        return Setting(value, key, source(key)), layout.strategy_notes.get(value) if value is not None else None
-    strategy = select(cfg, layout.strategy) if layout.strategy else layout.fixed_strategy
+        key = on[0][0] if len(on) == 1 else layout.strategy.switches[0][0]
+        return Setting(value, key, source(key)), layout.strategy.notes.get(value) if value is not None else None
+    strategy = select(cfg, layout.strategy.key) if layout.strategy.key else layout.strategy.fixed
     value = None if strategy is None else str(strategy)
-    where = source(layout.strategy) if layout.strategy else f"always, in the {layout.title} layout"
-    return Setting(value, layout.strategy, where), layout.strategy_notes.get(value) if value is not None else None
+    where = source(layout.strategy.key) if layout.strategy.key else f"always, in the {layout.title} layout"
+    return Setting(value, layout.strategy.key, where), layout.strategy.notes.get(value) if value is not None else None
 
 
-def _switches_shown(cfg: Any, layout: Layout, source: Source) -> str | None:
+def _switches_shown(cfg: Any, keys: StrategyKeys, source: Source) -> str | None:
     """The backend switches that are on, as written (``policy.dtensor_cfg.enabled=true (sft.yaml)``)."""
-    if not layout.strategy_switches:
+    if not keys.switches:
         return None
     on = [Setting(True, key, source(key)).written + f" (the {name} backend)"
-          for key, name in layout.strategy_switches if select(cfg, key) is True]
+          for key, name in keys.switches if select(cfg, key) is True]
     return " and ".join(on) or None
 
 
-def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
+def _recompute(cfg: Any, keys: StrategyKeys, source: Source) -> tuple[Setting, ...]:
     out = []
-    for key in layout.recompute:
+    for key in keys.recompute:
         value = select(cfg, key)
-        switch = layout.recompute_switches.get(key)
+        switch = keys.recompute_switches.get(key)
         if switch is not None and value is not None and select(cfg, switch) is not True:
             # the trainer applies it only when the switch is on (NeMo-RL: activation_checkpointing)
             out.append(Setting(None, key, f"{as_yaml(value)} written, not applied: {switch} is not true"))
@@ -117,10 +112,10 @@ def _recompute(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, ...]:
     return tuple(out)
 
 
-def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting], ...]:
+def _peers(cfg: Any, keys: ModelKeys, source: Source) -> tuple[tuple[str, Setting], ...]:
     """The other components' language_model_only, for those the config writes and that are used."""
     out = []
-    for peer in layout.peers:
+    for peer in keys.peers:
         value = select(cfg, peer.key)
         used = not peer.used_when or any(select(cfg, k) is True for k in peer.used_when)
         if value is not None and used:
@@ -130,30 +125,30 @@ def _peers(cfg: Any, layout: Layout, source: Source) -> tuple[tuple[str, Setting
 
 def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -> Mapping[str, Any]:
     """The mapping the layout's runs read per-part learning rates from (an applied one only)."""
-    if layout.learning_rates_refused is not None:
+    if layout.rates.refused is not None:
         return {}  # any LR key was refused while walking the config
-    if layout.lr_section == layout.flags:
+    if layout.lr_section == layout.homes.flags:
         return flags
     lrs = section(cfg, layout.lr_section)
-    if not layout.learning_rates_targets:
+    if not layout.rates.targets:
         return lrs
     asked = [str(k) for k, v in lrs.items() if looks_like_lr_key(k) and v is not None]
     target = lrs.get("_target_")
-    if target in layout.learning_rates_targets:
+    if target in layout.rates.targets:
         return lrs
     if asked:
         raise PartLearningRateError(
             f"{layout.lr_section}.{asked[0]} is set, but {layout.lr_section}._target_ is {as_yaml(target)}, which "
             f"applies no per-part learning rate, so it would never apply. Set {layout.lr_section}._target_: "
-            f"{layout.learning_rates_targets[0]}"
+            f"{layout.rates.targets[0]}"
         )
     return {}
 
 
-def _syncs_weights(cfg: Any, layout: Layout) -> bool:
-    if layout.syncs_weights:
+def _syncs_weights(cfg: Any, facts: TrainerFacts) -> bool:
+    if facts.syncs_weights:
         return True
-    return any(_has(cfg, key) for key in layout.syncs_weights_with)
+    return any(_has(cfg, key) for key in facts.syncs_weights_with)
 
 
 def _has(cfg: Any, key: str) -> bool:

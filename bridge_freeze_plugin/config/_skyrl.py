@@ -47,7 +47,7 @@ def _unknown(fields: SkyRLFields, layout: Layout, where: str, key: str, cls: str
     said = (f"{dotted} is no field of SkyRL {fields.version}'s {name} ({fields.source}), so SkyRL's loader refuses "
             f"it (ValueError: Invalid fields {{'{key}'}} for {name})")
     if name == "MegatronConfig" and (_plugin_key(key) or difflib.get_close_matches(key, FLAGS, n=1, cutoff=0.8)):
-        if where == layout.reference_flags:
+        if where == layout.homes.reference_flags:
             return f"{said}. Remove it: the reference model never trains"
         if key in LR_KEYS or looks_like_lr_key(key):
             return (f"{said}. Remove it: a SkyRL {fields.version} run applies no per-part learning rate (it builds "
@@ -64,10 +64,10 @@ def _unknown(fields: SkyRLFields, layout: Layout, where: str, key: str, cls: str
 
 def refused_keys(cfg: Any, fields: SkyRLFields, layout: Layout) -> list[str]:
     """Every key of ``cfg`` that SkyRL's loader refuses (no field of its section's class), with what to write."""
-    assert layout.skyrl is not None
+    assert layout.run.skyrl is not None
     top = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
     problems: list[str] = []
-    stack: list[tuple[str, Any, str]] = [("", top, fields.roots[layout.skyrl])]
+    stack: list[tuple[str, Any, str]] = [("", top, fields.roots[layout.run.skyrl])]
     while stack:
         where, node, cls = stack.pop()
         known = fields.fields(cls)
@@ -82,8 +82,8 @@ def refused_keys(cfg: Any, fields: SkyRLFields, layout: Layout) -> list[str]:
 
 def refused_overrides(overrides: Iterable[Override], fields: SkyRLFields, layout: Layout) -> list[str]:
     """The overrides SkyRL's loader refuses for their prefix (``+``, ``++``, ``~``): it reads ``key=value`` only."""
-    assert layout.skyrl is not None
-    root = fields.name(fields.roots[layout.skyrl])
+    assert layout.run.skyrl is not None
+    root = fields.name(fields.roots[layout.run.skyrl])
     out = []
     for override in overrides:
         if override.operation == "set":
@@ -119,15 +119,17 @@ def adapt(cfg: Any, layout: Layout, overrides: Iterable[Override] = (), fields: 
     Returns the layout (no longer marked as SkyRL's: adapting twice is adapting once) and what it was checked
     against (``None``: not checked, ``BRIDGE_FREEZE_SKYRL_FIELDS=none``).
     """
-    if layout.skyrl is None:
+    if layout.run.skyrl is None:
         return layout, None
-    own = {pattern: dict(keys) if isinstance(keys, Mapping) else keys for pattern, keys in layout.own.items()}
-    for megatron in (layout.flags, layout.reference_flags):
+    skyrl, homes = layout.run.skyrl, layout.homes
+    own = {pattern: dict(keys) if isinstance(keys, Mapping) else keys for pattern, keys in homes.own.items()}
+    for megatron in (homes.flags, homes.reference_flags):
         if megatron is not None:
             own[megatron] = {**_hooks(layout.trainer), **own.get(megatron, {})}
+    plain = replace(layout, homes=replace(homes, own=own), run=replace(layout.run, skyrl=None))
     fields = fields or current()
     if fields is None:
-        return replace(layout, skyrl=None, own=own), None
+        return plain, None
     problems = refused_overrides(overrides, fields, layout)
     if problems:
         raise ConfigLoadError(_joined(problems))
@@ -135,24 +137,33 @@ def adapt(cfg: Any, layout: Layout, overrides: Iterable[Override] = (), fields: 
     if problems:
         raise InvalidFreezeConfigError(_joined(problems))
     checked = f"checked against {fields.source}"
-    if fields.has_review_fields(layout.skyrl, layout.flags):
-        return replace(layout, skyrl=None, own=own), checked
-    policy, ref = f"{layout.flags}.{KWARGS}", layout.reference_flags and f"{layout.reference_flags}.{KWARGS}"
-    refused = {**layout.refused, policy: _kwargs_refused(layout.flags)}
-    own[policy] = dict(BRIDGE_FIELDS)
+    if fields.has_review_fields(skyrl, homes.flags):
+        return plain, checked
+    return _in_kwargs(plain, skyrl, fields), checked
+
+
+def _in_kwargs(layout: Layout, skyrl: str, fields: SkyRLFields) -> Layout:
+    """``layout`` read by a SkyRL without the review's fields: the flags' home is ``transformer_config_kwargs``."""
+    homes = layout.homes
+    policy, ref = f"{homes.flags}.{KWARGS}", homes.reference_flags and f"{homes.reference_flags}.{KWARGS}"
+    own = {**homes.own, policy: dict(BRIDGE_FIELDS)}
+    refused = {**homes.refused, policy: _kwargs_refused(homes.flags)}
     if ref is not None:
         own[ref] = dict(BRIDGE_FIELDS)
-        refused[ref] = _kwargs_refused(layout.reference_flags or "")
-    optimizer = f"{layout.flags.rpartition('.')[0]}.optimizer_config.lr".lstrip(".")
-    lmo = layout.language_model_only
+        refused[ref] = _kwargs_refused(homes.reference_flags or "")
+    optimizer = f"{homes.flags.rpartition('.')[0]}.optimizer_config.lr".lstrip(".")
+    lmo = layout.model.language_model_only
     return replace(
-        layout, skyrl=None, title=f"{layout.title} (SkyRL {fields.version})", flags=policy, reference_flags=ref,
-        own=own, refused=refused, recompute=tuple(k for k in layout.recompute if fields.accepts(layout.skyrl, k)),
-        language_model_only=lmo if lmo is not None and fields.accepts(layout.skyrl, lmo) else None,
-        learning_rates_refused=(
+        layout, title=f"{layout.title} (SkyRL {fields.version})",
+        homes=replace(homes, flags=policy, reference_flags=ref, own=own, refused=refused),
+        strategy=replace(layout.strategy,
+                         recompute=tuple(k for k in layout.strategy.recompute if fields.accepts(skyrl, k))),
+        model=replace(layout.model,
+                      language_model_only=lmo if lmo is not None and fields.accepts(skyrl, lmo) else None),
+        rates=replace(layout.rates, refused=(
             f"SkyRL {fields.version} builds its optimizer without the plugin's per-part learning rates, and one set "
-            f"on the model provider is never applied; remove it (every part trains on {optimizer})"),
-    ), checked
+            f"on the model provider is never applied; remove it (every part trains on {optimizer})")),
+    )
 
 
 def _joined(problems: list[str]) -> str:

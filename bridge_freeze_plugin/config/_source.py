@@ -108,7 +108,7 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
         seen = deciding[0]
         raise ConfigLoadError(
             f"{_what(loaded)} is written in the {seen.layout.title} layout ({seen.why()}), not the {layout.title} "
-            f"layout asked for; the {layout.title} keys ({layout.flags}...) would read nothing. Drop the layout "
+            f"layout asked for; the {layout.title} keys ({layout.homes.flags}...) would read nothing. Drop the layout "
             f"option (it is detected), or give a {layout.title} config"
         )
     layout, checked = adapt(loaded.cfg, layout, loaded.overrides)
@@ -145,7 +145,7 @@ def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConf
     mapping, the trainer's default still applies at run time but is not shown here; the build decides the
     full-recompute adjustment from the provider's real settings either way.)
     """
-    if layout.strict_overrides and loaded.path is not None and loaded.added_by_set:
+    if layout.run.strict_overrides and loaded.path is not None and loaded.added_by_set:
         shown = ", ".join(repr(text) for text in loaded.added_by_set)
         raise ConfigLoadError(
             f"{shown}: {layout.trainer} applies command-line overrides in Hydra's struct mode, where key=value "
@@ -154,7 +154,7 @@ def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConf
         )
     cfg = loaded.cfg.copy()
     filled = []
-    for key, value in layout.defaults.items():
+    for key, value in layout.run.defaults.items():
         state, node, _ = lookup(cfg, key)
         if state == BLOCKED or (state == FOUND and not node._is_missing()):
             continue  # a value the user wrote (null included: the user's value, not a gap)

@@ -25,7 +25,7 @@ from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._reading import read_settings, with_provider_defaults
 from bridge_freeze_plugin.config._rules import MEGATRON
-from bridge_freeze_plugin.config._run_settings import LoraSettings, RunSettings
+from bridge_freeze_plugin.config._run_settings import LoraRead, LoraSettings, RunSettings, RunSwitches, SelectionSources
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._values import Setting, select
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, family_for_provider
@@ -81,12 +81,12 @@ def validate_selection(
     settings = RunSettings(
         layout="api",
         selection=selection,
-        flags_key=where,
-        strategy=Setting(strategy, "strategy"),
-        language_model_only=Setting(bool(language_model_only), "language_model_only"),
+        sources=SelectionSources(flags_key=where),
+        run=RunSwitches(strategy=Setting(strategy, "strategy"),
+                        language_model_only=Setting(bool(language_model_only), "language_model_only"),
+                        recompute=(Setting(recompute_granularity, "recompute_granularity"),)),
         lora=lora,
-        lora_rank=Setting(lora.rank, "lora.rank"),
-        recompute=(Setting(recompute_granularity, "recompute_granularity"),),
+        lora_read=LoraRead(rank=Setting(lora.rank, "lora.rank")),
         family=_family_arg(family),
         provider=provider,
     )
@@ -108,17 +108,17 @@ def _family_of(cfg: Any, layout: Layout, family: FamilySpec | str | None,
                target: str | None) -> tuple[FamilySpec | None, str | None]:
     """The family and how it was found: ``family``, else the model path, else ``target`` (the provider class)."""
     resolved, source = _family_arg(family), "named by the caller"
-    if resolved is None and layout.model_path is not None:
-        model_path = select(cfg, layout.model_path)
+    if resolved is None and layout.model.path is not None:
+        model_path = select(cfg, layout.model.path)
         resolved = family_from_model_path(model_path) if isinstance(model_path, str) else None
-        source = f"{layout.model_path}'s config.json (model_type)"
-        if resolved is None and layout.family_from_name and isinstance(model_path, str):
+        source = f"{layout.model.path}'s config.json (model_type)"
+        if resolved is None and layout.model.family_from_name and isinstance(model_path, str):
             resolved = family_from_name(model_path)
-            source = (f"{layout.model_path}={model_path}: a guess from the name (no local config.json to read; "
+            source = (f"{layout.model.path}={model_path}: a guess from the name (no local config.json to read; "
                       "--family NAME to be sure)")
     if resolved is None and target is not None:
         resolved = family_from_target(target)
-        source = f"{layout.provider_target} (the provider class)"
+        source = f"{layout.model.provider_target} (the provider class)"
     return resolved, source if resolved is not None else None
 
 
@@ -128,7 +128,7 @@ def _known_family(cfg: Any, layout: Layout, provider: Any, family: FamilySpec | 
     if provider is not None:
         return family_for_provider(provider)
     try:
-        target = select(cfg, layout.provider_target) if layout.provider_target else None
+        target = select(cfg, layout.model.provider_target) if layout.model.provider_target else None
     except Exception:  # noqa: BLE001 - a malformed target is reported by read_settings; here it only names no family
         target = None
     return _family_of(cfg, layout, family, None if target is None else str(target))[0]

@@ -80,8 +80,8 @@ def test_overrides_only_sft_uses_the_sft_defaults():
     """Before: a flag with no strategy given was refused ("strategy is not set"); SFT defaults to megatron."""
     run = load_run(None, ["megatron_config.freeze_vision_model=true"])
     assert run.layout.name == "sft" and run.validate() == VISION
-    assert run.settings.strategy.value == "megatron"
-    assert run.settings.strategy.source == "default of the SFT layout"
+    assert run.settings.run.strategy.value == "megatron"
+    assert run.settings.run.strategy.source == "default of the SFT layout"
 
 
 def test_overrides_only_rl_uses_the_rl_defaults():
@@ -122,7 +122,7 @@ def test_plus_override_is_applied_on_the_legacy_layout():
 def test_defaults_list_pulls_in_the_megatron_sections():
     run = load_run(RL_LEGACY)
     assert run.loaded.composed == ("megatron_config/policy.yaml", "megatron_config/ref.yaml")
-    tck = run.settings.recompute[1]
+    tck = run.settings.run.recompute[1]
     assert (tck.key, tck.value) == (f"{POLICY}.transformer_config_kwargs.recompute_granularity", "full")
     assert tck.source == "ppo_base.yaml's defaults list > megatron_config/policy.yaml"
     # the package in the defaults list wins over the file's own @package header
@@ -244,10 +244,10 @@ def test_bridge_api_on_a_plain_mapping():
 def test_sources_of_every_setting(caplog):
     run = load_run(RL_LEGACY, [f"+{POLICY}.freeze_vision_model=true"])
     s = run.settings
-    assert s.strategy.source == "ppo_base.yaml"
-    assert s.lora_rank.source == "ppo_base.yaml"
-    assert s.language_model_only.source == "default of the RL layout"
-    assert s.recompute[1].source.endswith("megatron_config/policy.yaml")
+    assert s.run.strategy.source == "ppo_base.yaml"
+    assert s.lora_read.rank.source == "ppo_base.yaml"
+    assert s.run.language_model_only.source == "default of the RL layout"
+    assert s.run.recompute[1].source.endswith("megatron_config/policy.yaml")
     assert run.loaded.source(f"{POLICY}.freeze_vision_model") == f"override '+{POLICY}.freeze_vision_model=true'"
     assert set(run.loaded.defaulted) == {"trainer.policy.language_model_only", "trainer.ref.language_model_only",
                                          "trainer.algorithm.use_kl_in_reward",
@@ -264,10 +264,10 @@ def test_per_part_learning_rates_are_read_and_checked_with_the_flags():
     run = load_run(None, ["megatron_config.freeze_vision_model=true", "megatron_config.lr_vision_projection=1e-3",
                           "megatron_config.lr_language_model=0.0"])
     assert run.validate() == VISION
-    rates = {p.part: p.lr for p in run.settings.learning_rates.parts}
+    rates = {p.part: p.lr for p in run.settings.rates.values.parts}
     assert rates == {"vision_projection": 1e-3, "language_model": 0.0}  # 0.0 kept, not dropped as falsy
     rl = load_run(None, ["trainer.strategy=megatron", f"{POLICY}.lr_vision_model=1e-5"])
-    assert {p.part: p.lr for p in rl.settings.learning_rates.parts} == {"vision_model": 1e-5}
+    assert {p.part: p.lr for p in rl.settings.rates.values.parts} == {"vision_model": 1e-5}
 
 
 @pytest.mark.parametrize(("overrides", "words"), [

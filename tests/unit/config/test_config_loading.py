@@ -124,8 +124,8 @@ def test_hydra_delete_override(sft):
 
 def test_deleting_a_key_lets_the_layout_default_stand_in(sft):
     run = load_run(sft, ["~strategy"])
-    assert run.settings.strategy.value == "megatron"
-    assert run.settings.strategy.source == "default of the SFT layout"
+    assert run.settings.run.strategy.value == "megatron"
+    assert run.settings.run.strategy.source == "default of the SFT layout"
 
 
 def test_overrides_are_kept_as_parsed_in_order(sft):

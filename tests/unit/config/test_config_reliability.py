@@ -219,7 +219,7 @@ def test_bridge_lrs_on_the_override_provider_as_bridge_writes_it_are_read(cpu_br
     path = write(tmp_path / "run_config.yaml", data)
     run = load_run(path, ["model.freeze_vision_model=True"])
     assert run.validate() == VISION
-    assert run.settings.learning_rates.as_dict() == {"lr_vision_projection": 1e-3}
+    assert run.settings.rates.values.as_dict() == {"lr_vision_projection": 1e-3}
     # another provider class applies no per-part LR: refused, naming the _target_ to set
     other = {**written, "_target_": "megatron.bridge.training.config.OptimizerConfigOverrideProvider"}
     path = write(tmp_path / "other.yaml", {**data, "optimizer_config_override_provider": other})

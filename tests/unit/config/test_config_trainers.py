@@ -503,7 +503,7 @@ def test_overrides_are_taken_and_refused_as_nemo_rl_takes_them(entry):
                 "freeze_audio_model": False, "freeze_audio_projection": False}
     assert run.settings.selection.as_dict() == expected
     assert run.settings.lora.rank == (result["peft"]["dim"] if result["peft"]["enabled"] else 0)
-    assert [own.value for own in run.settings.own_freeze if own.name == "freeze_moe_router"] == [
+    assert [own.value for own in run.settings.sources.own_freeze if own.name == "freeze_moe_router"] == [
         result["freeze_moe_router"]]
 
 
@@ -647,7 +647,7 @@ def test_a_fifth_layout_is_data_only(monkeypatch, tmp_path, capsys):
     from bridge_freeze_plugin.config._layouts import Marker
 
     dpo = replace(NEMO_RL, name="nemo_rl_dpo", title="NeMo-RL DPO",
-                  decides=(Marker(("policy", "dpo")),), hints=(), syncs_weights_with=())
+                  decides=(Marker(("policy", "dpo")),), hints=(), run=replace(NEMO_RL.run, syncs_weights_with=()))
     monkeypatch.setitem(LAYOUTS, dpo.name, dpo)
     path = write(tmp_path / "dpo.yaml", {"dpo": {"seed": 1}, "policy": {
         "model_name": "Qwen/Qwen2.5-VL-3B-Instruct", "dtensor_cfg": {"enabled": False},

@@ -294,7 +294,7 @@ def test_the_layout_is_read_as_skyrl_reads_it_from_the_committed_listing(monkeyp
         load_run(DUMPS[layout], layout=layout).validate()
     run = load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_dsa_indexer=true", *PROJECTION_ONLY])
     assert parts(run.validate().trained_parts()) == {"vision_projection"}
-    assert f"{P}.freeze_dsa_indexer" in {o.key for o in run.settings.own_freeze}
+    assert f"{P}.freeze_dsa_indexer" in {o.key for o in run.settings.sources.own_freeze}
     with pytest.raises(InvalidFreezeConfigError, match=r"Invalid fields \{'freeze_vision_model'\} for MegatronConfig.*"
                                         rf"{K}\.freeze_vision_model"):
         load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_vision_model=true"])
