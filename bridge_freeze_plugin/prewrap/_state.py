@@ -67,7 +67,10 @@ class IdentityTable:
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
-        self._lock = threading.Lock()
+        # Reentrant: a key's weakref callback can run inside ``set`` on the same thread (a garbage collection at
+        # the builtin call there, or the replaced value being the last holder of another key); a plain lock
+        # deadlocks there for good.
+        self._lock = threading.RLock()
 
     def get(self, obj: Any) -> Any:
         entry = self._entries.get(id(obj))
