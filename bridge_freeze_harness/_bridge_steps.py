@@ -75,7 +75,8 @@ def _named_keys_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BridgeStep:
-    """One of Bridge's own forward steps, and the batch layout its ``get_batch`` reads.
+    """One of Bridge's own forward steps (or, where Bridge's cannot run on the CPU, the harness's, its family module
+    saying why: Step-3.7), and the batch layout its ``get_batch`` reads.
 
     :class:`SyntheticVLMDataset` lays its samples out with ``collate`` and refuses a sample key outside ``keys``
     (a key the step would not carry to the model); :func:`run_training` hands ``function`` to Bridge's loop.

@@ -25,9 +25,11 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._bridge_steps import BridgeStep
 from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
+from bridge_freeze_harness.tiny._step37_step import STEP37_KEYS, collate
 
 REAL = True
 
@@ -139,6 +141,14 @@ TRAIN_SPECS = {
         projection_prefixes=("image_insert_embedding.align_projector.",),
         make_batch=train_batch,
     ),
+}
+
+
+#: The harness's own step trains it in Bridge's loop (:mod:`._step37_step`): Bridge's only Step-3.7 step
+#: (``step37_flickr8k_step``) hands the model THD-packed Flickr8k sequences, which the CPU's local attention refuses;
+#: this one calls the model as that step does (``list[ImageForInsert]``, Bridge's loss) on BSHD rows.
+FORWARD_STEPS = {
+    "step37": BridgeStep("bridge_freeze_harness.tiny._step37_step:forward_step", keys=STEP37_KEYS, collate=collate),
 }
 
 

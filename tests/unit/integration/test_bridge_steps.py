@@ -148,3 +148,68 @@ def test_each_training_and_forward_starts_from_a_fresh_processs_moe_state(cpu_br
     finally:
         MoEAuxLossAutoScaler.main_loss_backward_scale = None
         moe_logging.destroy_moe_metrics_tracker()
+
+
+def _bridge_step37_keywords() -> set[str]:
+    """The model keywords Bridge's own Step-3.7 step sets (``forward_args["<key>"] = ...`` in its source)."""
+    import inspect
+    import re
+
+    from megatron.bridge.models.stepfun import step37_flickr8k_step
+
+    return set(re.findall(r'forward_args\["(\w+)"\]\s*=', inspect.getsource(step37_flickr8k_step)))
+
+
+class _StragglerTimer:
+    """Bridge's straggler timer, used as ``timer(bdata=True)`` and as ``timer`` itself: a no-op context."""
+
+    def __call__(self, **_: object) -> _StragglerTimer:
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def test_the_step37_step_hands_the_model_what_bridges_step_does_on_bshd_rows():
+    """Bridge's step37_flickr8k_step cannot run on the CPU (THD packs; tiny/_step37_step.py): the harness's step sets
+    the same model keywords less the two that carry the packing, and the images reach the loss."""
+    import types
+
+    import torch
+
+    from bridge_freeze_harness import train
+    from bridge_freeze_harness.cpu_training import SyntheticVLMDataset, forward_step_of
+    from bridge_freeze_harness.forward import forward_patches
+    from bridge_freeze_harness.tiny import build_tiny_model
+
+    provider = train.make_provider("step37", hidden_dropout=0.0, attention_dropout=0.0)
+    dataset = SyntheticVLMDataset("step37", provider, samples=2)
+    samples = [dataset[0], dataset[1]]
+    batch = dataset.collate_fn(samples)
+    (images,) = batch["images"]  # one group: every row's image after its <im_start>
+    assert torch.equal(images.images, torch.cat([s["images"][0].images for s in samples]))
+    # each row's insert token is the one just before its image tokens (the model fills those with the features)
+    first_image = (batch["tokens"] == int(provider.image_token_id)).int().argmax(dim=1)
+    assert batch["tokens"][torch.arange(2), first_image - 1].tolist() == [images.insert_start_token] * 2
+    assert (batch["tokens"] == images.insert_start_token).sum() == 2
+
+    model = build_tiny_model("step37", provider)
+    seen: dict[str, object] = {}
+    model.register_forward_pre_hook(lambda _m, _a, kwargs: seen.update(kwargs), with_kwargs=True)
+    # Bridge's GlobalState stubbed to the step's bookkeeping (timers, straggler timer, NaN checks): not under test
+    rerun = types.SimpleNamespace(check_for_nan_in_loss=True, check_for_spiky_loss=False)
+    state = types.SimpleNamespace(timers=lambda *_, **__: types.SimpleNamespace(start=lambda: None, stop=lambda: None),
+                                  straggler_timer=_StragglerTimer(),
+                                  cfg=types.SimpleNamespace(rerun_state_machine=rerun))
+    with forward_patches("step37"):
+        output, loss_function = forward_step_of("step37").load()(state, iter([batch]), model)
+        loss, tokens, _ = loss_function(output)
+        loss.backward()
+    assert set(seen) == _bridge_step37_keywords() - {"packed_seq_params", "cu_seqlens"}
+    assert seen["position_ids"] is None and int(tokens) == int(batch["loss_mask"].sum())
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for part in ("vision_model.", "image_insert_embedding.align_projector."):
+        assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if n.startswith(part)), part
