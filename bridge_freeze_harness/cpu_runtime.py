@@ -123,6 +123,10 @@ _LOSS_SCALERS = (
     ("megatron.core.transformer.experimental_attention_variant.dsa", "DSAIndexerLossAutoScaler"),
 )
 _MOE_METRICS = "megatron.core.transformer.moe.moe_logging"
+#: ``get_rerun_state_machine()`` creates the process's rerun state machine when none is set (a loss function of a
+#: forward outside ``pretrain()`` calls it), and Bridge's ``initialize_megatron`` then refuses to set its own:
+#: "Rerun state machine is already initialized" (a CI run, after a forward-step test on the same worker).
+_RERUN = "megatron.core.rerun_state_machine"
 
 
 def fresh_training_state() -> None:
@@ -136,3 +140,6 @@ def fresh_training_state() -> None:
     destroy = getattr(sys.modules.get(_MOE_METRICS), "destroy_moe_metrics_tracker", None)
     if destroy is not None:
         destroy()
+    destroy_rerun = getattr(sys.modules.get(_RERUN), "destroy_rerun_state_machine", None)
+    if destroy_rerun is not None:
+        destroy_rerun()
