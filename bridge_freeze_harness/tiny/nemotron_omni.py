@@ -6,8 +6,9 @@ Bridge's ``NemotronOmniBridge`` sets it), a real ``RADIOViTModel`` in dynamic-re
 ``MultimodalProjector`` vision projection, Bridge's ``BridgeSoundEncoder`` (``llava_model.sound_model``: HF
 transformers' ``ParakeetEncoder``, pure PyTorch, built from the provider's ``sound_config`` dict) and a second
 ``MultimodalProjector`` (``llava_model.sound_projection``), and wraps it in Bridge's ``NemotronOmniModel``.
-Everything around ``provide()`` is Bridge's own code; the sound parts need no patch at all (their tiny sizes
-are provider fields: ``sound_config``, ``sound_hidden_size``, ``sound_projection_hidden_size``).
+Everything around ``provide()`` is Bridge's own code; the sound parts' tiny sizes are provider fields
+(``sound_config``, ``sound_hidden_size``, ``sound_projection_hidden_size``), and :func:`tiny_patches` builds the
+encoder without LayerDrop (its one patch there).
 
 The Omni provider module has its own ``NemotronVLModelProvider`` base and names ``hybrid_stack_spec`` and
 ``LLaVAModel`` itself, so the patches are Nemotron-VL's applied to that module
@@ -191,17 +192,28 @@ def cpu_patches() -> Iterator[None]:
         yield
 
 
+def _parakeet_config_without_layerdrop(**fields: Any) -> Any:
+    """transformers' ``ParakeetEncoderConfig`` with ``layerdrop=0``: Bridge's ``BridgeSoundEncoder`` passes no
+    LayerDrop field, so the default 0.1 skips a whole conformer layer at random in a train-mode forward (the tiny
+    encoder's two layers would at random get no gradient); no name or shape changes."""
+    from transformers import ParakeetEncoderConfig
+
+    return ParakeetEncoderConfig(**fields, layerdrop=0.0)
+
+
 @contextlib.contextmanager
 def tiny_patches() -> Iterator[None]:
     """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes; the activations
-    it names, un-compiled."""
+    it names, un-compiled; the sound encoder without LayerDrop."""
     from megatron.bridge.models.nemotron_omni import nemotron_omni_provider as module
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_sound
 
     with patched(
         [
             (module, "LLaVAModel", tiny_llava),
             (module, "squared_relu", _eager(module.squared_relu)),
             (module, "fast_gelu", _eager(module.fast_gelu)),
+            (nemotron_omni_sound, "ParakeetEncoderConfig", _parakeet_config_without_layerdrop),
         ]
     ):
         yield

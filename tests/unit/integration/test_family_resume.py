@@ -171,11 +171,11 @@ def _radio_cpe_eval(model: Any) -> Any:
 
 def _sound_dropout_off(model: Any) -> Any:
     """The sound encoder (transformers' Parakeet inside Bridge's BridgeSoundEncoder, which passes no dropout field
-    on: the config's 0.1 defaults) draws dropout and LayerDrop from torch's generator, the CPU one here, which a CPU
-    resume cannot restore (on a GPU the CUDA generator, restored by load_rng): all set to 0."""
+    on: the config's 0.1 defaults) draws its dropout from torch's generator, the CPU one here, which a CPU resume
+    cannot restore (on a GPU the CUDA generator, restored by load_rng): set to 0, as hidden_dropout is."""
     for chunk in model if isinstance(model, list) else [model]:
         for module in chunk.llava_model.sound_model.modules():
-            for field in ("dropout", "attention_dropout", "activation_dropout", "layerdrop"):
+            for field in ("dropout", "attention_dropout", "activation_dropout"):
                 if isinstance(getattr(module, field, None), float):
                     setattr(module, field, 0.0)
     return model
