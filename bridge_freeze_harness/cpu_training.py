@@ -28,7 +28,9 @@ brought back up (other tests in the session build models on it). The context inc
 forwards. The data comes from :class:`SyntheticVLMDataset` (the harness's synthetic batches in the layout of
 the family's Bridge forward step, :data:`FORWARD_STEPS` (each tiny module declares its own):
 ``megatron/bridge/training/vlm_step.py`` for most, the
-Qwen-Omni ones ``models/qwen_omni/qwen3_omni_step.py``, Step-3.7 the harness's own, ``tiny/_step37_step.py``), since
+Qwen-Omni ones ``models/qwen_omni/qwen3_omni_step.py``, Nemotron-VL ``training/llava_step.py``, Nemotron Omni
+``training/nemotron_omni_step.py`` (with ``bf16_mixed``: it hands the model bf16 media), Step-3.7 the harness's own,
+``tiny/_step37_step.py``), since
 Bridge's mock VLM dataset loads a processor from the model hub.
 
 Who imports this package, and why it is never on the plugin's runtime path: :mod:`bridge_freeze_harness`.

@@ -6,8 +6,9 @@ Bridge's ``NemotronOmniBridge`` sets it), a real ``RADIOViTModel`` in dynamic-re
 ``MultimodalProjector`` vision projection, Bridge's ``BridgeSoundEncoder`` (``llava_model.sound_model``: HF
 transformers' ``ParakeetEncoder``, pure PyTorch, built from the provider's ``sound_config`` dict) and a second
 ``MultimodalProjector`` (``llava_model.sound_projection``), and wraps it in Bridge's ``NemotronOmniModel``.
-Everything around ``provide()`` is Bridge's own code; the sound parts need no patch at all (their tiny sizes
-are provider fields: ``sound_config``, ``sound_hidden_size``, ``sound_projection_hidden_size``).
+Everything around ``provide()`` is Bridge's own code; the sound parts' tiny sizes are provider fields
+(``sound_config``, ``sound_hidden_size``, ``sound_projection_hidden_size``), and :func:`tiny_patches` builds the
+encoder without LayerDrop (its one patch there).
 
 The Omni provider module has its own ``NemotronVLModelProvider`` base and names ``hybrid_stack_spec`` and
 ``LLaVAModel`` itself, so the patches are Nemotron-VL's applied to that module
@@ -35,18 +36,13 @@ from typing import Any
 
 import torch
 
-from bridge_freeze_harness.batches import causal_mask, next_token_targets, random_text, token_row
+from bridge_freeze_harness._bridge_steps import BridgeStep
+from bridge_freeze_harness.batches import TrainSpec, causal_mask, next_token_targets, random_text, token_row
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXPERT, finalized
-from bridge_freeze_harness.tiny.nemotron_vl import TINY_MAMBA, hybrid_build_patches, tiny_llava
+from bridge_freeze_harness.tiny.nemotron_vl import TINY_MAMBA, hybrid_build_patches, llava_loss, tiny_llava
 
 REAL = True
-#: Why this family has no training spec (see ``bridge_freeze_harness.train.trainable_families``).
-CANNOT_TRAIN = (
-    "Bridge's nemotron_omni_step casts the images and sound clips to bfloat16, which the float32 CPU build refuses "
-    "(expected m1 and m2 to have the same dtype); its Mamba layers do run forward/backward on the CPU "
-    "(bridge_freeze_harness._mamba_cpu)"
-)
 
 #: One Mamba, one attention, one MoE layer: every layer kind of Nemotron-3 Omni's pattern.
 TINY_PATTERN = "M*E"
@@ -148,9 +144,14 @@ def forward_inputs(provider: Any, batch_size: int = 1, seed: int = 0) -> dict[st
     sound clip per row. The image goes the packed dynamic-resolution way (``imgs_sizes`` +
     ``vision_packed_seq_params``, which the CPU attention turns into a block-diagonal mask).
     """
+    return omni_batch(provider, None, batch_size, torch.Generator().manual_seed(seed))
+
+
+def omni_batch(provider: Any, spec: Any, batch_size: int, gen: torch.Generator) -> dict[str, Any]:
+    """:func:`forward_inputs` from a generator: the family's synthetic batch (``TrainSpec.make_batch``; ``spec``
+    unused, the layout is fixed by :data:`TOKEN_IDS` and the media sizes above)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    gen = torch.Generator().manual_seed(seed)
     image, sound = TOKEN_IDS["image_token_index"], TOKEN_IDS["sound_context_token_id"]
     low, high = 3, min(TOKEN_IDS.values())
     rows = [
@@ -191,17 +192,28 @@ def cpu_patches() -> Iterator[None]:
         yield
 
 
+def _parakeet_config_without_layerdrop(**fields: Any) -> Any:
+    """transformers' ``ParakeetEncoderConfig`` with ``layerdrop=0``: Bridge's ``BridgeSoundEncoder`` passes no
+    LayerDrop field, so the default 0.1 skips a whole conformer layer at random in a train-mode forward (the tiny
+    encoder's two layers would at random get no gradient); no name or shape changes."""
+    from transformers import ParakeetEncoderConfig
+
+    return ParakeetEncoderConfig(**fields, layerdrop=0.0)
+
+
 @contextlib.contextmanager
 def tiny_patches() -> Iterator[None]:
     """The tiny configuration only: the vision tower and projection sizes ``provide()`` hard-codes; the activations
-    it names, un-compiled."""
+    it names, un-compiled; the sound encoder without LayerDrop."""
     from megatron.bridge.models.nemotron_omni import nemotron_omni_provider as module
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_sound
 
     with patched(
         [
             (module, "LLaVAModel", tiny_llava),
             (module, "squared_relu", _eager(module.squared_relu)),
             (module, "fast_gelu", _eager(module.fast_gelu)),
+            (nemotron_omni_sound, "ParakeetEncoderConfig", _parakeet_config_without_layerdrop),
         ]
     ):
         yield
@@ -226,3 +238,32 @@ NO_HF_CHECKPOINT = {
         "so no checkpoint can be written, converted or loaded back here"
     ),
 }
+
+
+def _omni_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """What Bridge's ``training/nemotron_omni_step.py`` reads: ``input_ids``, ``labels``, ``loss_mask``, the
+    sample's causal ``attention_mask``, the packed images as ``pixel_values`` (patches of every image along dim 1)
+    with ``imgs_sizes``, and ``sound_clips`` / ``sound_length``. No ``vision_packed_seq_params``: the step builds
+    them from ``imgs_sizes`` itself."""
+
+    def cat(key: str, dim: int = 0) -> torch.Tensor:
+        return torch.cat([s[key] for s in samples], dim=dim)
+
+    return {"input_ids": cat("input_ids"), "labels": cat("labels"), "loss_mask": cat("loss_mask"),
+            "attention_mask": samples[0]["attention_mask"], "position_ids": None,
+            "pixel_values": cat("images", dim=1), "imgs_sizes": cat("imgs_sizes"),
+            "sound_clips": cat("sound_clips"), "sound_length": cat("sound_length")}
+
+
+#: Trains here with an image and a sound clip per row (:func:`omni_batch`), its Mamba layers on the CPU scan.
+TRAIN_SPECS = {"nemotron_omni": TrainSpec(token_ids=TOKEN_IDS, make_batch=omni_batch, loss=llava_loss,
+                                          projection_prefixes=("llava_model.vision_projection.",))}
+
+#: In Bridge's loop it trains through Bridge's own ``nemotron_omni_step``, which casts the media to bfloat16 (a GPU
+#: run's model is bf16): run it with Bridge's ``bf16_mixed`` recipe (``cpu_training.training_config(...,
+#: bf16_mixed=True)``), which makes the model bfloat16 on the CPU too; a float32 model refuses the bf16 media.
+FORWARD_STEPS = {"nemotron_omni": BridgeStep(
+    "megatron.bridge.training.nemotron_omni_step:forward_step",
+    keys=frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids", "images", "imgs_sizes",
+                    "vision_packed_seq_params", "sound_clips", "sound_length"}),
+    collate=_omni_step_batch)}

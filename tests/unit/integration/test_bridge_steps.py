@@ -27,6 +27,33 @@ def test_each_family_trains_with_bridges_own_step_function():
         assert forward_step_of(family).load() is qwen3_omni_step.forward_step
     for family in ("qwen3_vl", "qwen2_audio", "qwen25_vl"):
         assert forward_step_of(family).load() is vlm_step.forward_step
+    from megatron.bridge.training import llava_step, nemotron_omni_step
+
+    assert forward_step_of("nemotron_vl").load() is llava_step.forward_step
+    assert forward_step_of("nemotron_omni").load() is nemotron_omni_step.forward_step
+
+
+def test_the_nemotron_omni_batch_is_what_its_step_reads_and_packs_the_images_as_the_model_does():
+    """Two samples in one micro-batch: the images' patches side by side (packed), the sound clips along the batch;
+    the vision packing Bridge's step builds from ``imgs_sizes`` is the one the harness's own forward passes."""
+    import torch
+    from megatron.bridge.training import nemotron_omni_step
+
+    from bridge_freeze_harness import train
+    from bridge_freeze_harness.cpu_training import SyntheticVLMDataset
+    from bridge_freeze_harness.tiny import nemotron_omni
+
+    provider = train.make_provider("nemotron_omni")
+    dataset = SyntheticVLMDataset("nemotron_omni", provider, samples=2)
+    batch = dataset.collate_fn([dataset[0], dataset[1]])
+    assert {k for k, v in batch.items() if v is not None} == {
+        "input_ids", "labels", "loss_mask", "attention_mask", "pixel_values", "imgs_sizes", "sound_clips",
+        "sound_length"}
+    together = nemotron_omni.forward_inputs(provider, batch_size=2)  # the harness's own two-row forward input
+    assert batch["pixel_values"].shape == together["images"].shape
+    assert batch["sound_clips"].shape == together["sound_clips"].shape
+    packed = nemotron_omni_step._build_vision_packed_seq_params(batch["imgs_sizes"])
+    assert torch.equal(packed.cu_seqlens_q, together["vision_packed_seq_params"].cu_seqlens_q)
 
 
 def test_the_omni_media_keys_are_those_bridges_step_passes_to_the_model():

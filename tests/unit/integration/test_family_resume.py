@@ -141,15 +141,23 @@ def test_finetune_from_hf_resumes_bitwise_with_the_selection_kept(family, tmp_pa
 
 #: Families with no offline HF checkpoint (remote code; the refusal is the demo's) whose tiny provider trains on the
 #: CPU: their selection and resume are proven on the Megatron side, from the tiny provider (Kimi's vision classes
-#: are the harness's local stand-ins for the hub's remote code). family -> (vision encoder names, has experts).
+#: are the harness's local stand-ins for the hub's remote code). family -> (the selection, the frozen parameters'
+#: names, has experts); every other parameter trains.
+VISION_FROZEN = FreezeSelection(freeze_vision_model=True)
 MEGATRON_SIDE = {
-    "kimi_k25_vl": (r"^vision_tower\.", True),
+    "kimi_k25_vl": (VISION_FROZEN, r"^vision_tower\.", True),
     # its Mamba layers on the harness's CPU scan (bridge_freeze_harness._mamba_cpu), through Bridge's llava_step
-    "nemotron_vl": (r"^llava_model\.vision_model\.", False),
+    "nemotron_vl": (VISION_FROZEN, r"^llava_model\.vision_model\.", False),
+    # the same, through Bridge's nemotron_omni_step, the sound encoder (conformer BatchNorm statistics) frozen too
+    "nemotron_omni": (FreezeSelection(freeze_vision_model=True, freeze_audio_model=True),
+                      r"^llava_model\.(vision_model|sound_model)\.", True),
     # through the harness's Step-3.7 step (tiny/_step37_step.py: Bridge's step37_flickr8k_step calls the model the
     # same way, but on THD-packed sequences, which the CPU's local attention refuses: BSHD rows here)
-    "step37": (r"^vision_model\.", True),
+    "step37": (VISION_FROZEN, r"^vision_model\.", True),
 }
+#: Bridge's nemotron_omni_step hands the model its images and sound clips in bfloat16, as a GPU run's model takes
+#: them: the run is Bridge's bf16_mixed recipe (the model bfloat16, the optimizer's main weights float32).
+BF16_MIXED = {"nemotron_omni"}
 
 
 def _radio_cpe_eval(model: Any) -> Any:
@@ -161,8 +169,20 @@ def _radio_cpe_eval(model: Any) -> Any:
     return model
 
 
+def _sound_dropout_off(model: Any) -> Any:
+    """The sound encoder (transformers' Parakeet inside Bridge's BridgeSoundEncoder, which passes no dropout field
+    on: the config's 0.1 defaults) draws its dropout from torch's generator, the CPU one here, which a CPU resume
+    cannot restore (on a GPU the CUDA generator, restored by load_rng): set to 0, as hidden_dropout is."""
+    for chunk in model if isinstance(model, list) else [model]:
+        for module in chunk.llava_model.sound_model.modules():
+            for field in ("dropout", "attention_dropout", "activation_dropout"):
+                if isinstance(getattr(module, field, None), float):
+                    setattr(module, field, 0.0)
+    return model
+
+
 #: family -> pre-wrap hooks that keep its forward free of random draws (a bitwise resume on the CPU needs it)
-STEADY = {"nemotron_vl": (_radio_cpe_eval,)}
+STEADY = {"nemotron_vl": (_radio_cpe_eval,), "nemotron_omni": (_radio_cpe_eval, _sound_dropout_off)}
 
 
 def _finetune_tiny(family: str, workdir: Path, iters: int, *, pretrained: Path | None, load: Path | None = None,
@@ -172,12 +192,12 @@ def _finetune_tiny(family: str, workdir: Path, iters: int, *, pretrained: Path |
     from bridge_freeze_harness.train import make_provider
 
     provider = make_freezable(make_provider(family, hidden_dropout=0.0, attention_dropout=0.0),
-                              FreezeSelection(freeze_vision_model=True))
+                              MEGATRON_SIDE[family][0])
     for hook in STEADY.get(family, ()):
         provider.register_pre_wrap_hook(hook)
     cfg = training_config(provider, workdir, iters, family=family, save_interval=min(2, iters),
                           pretrained_checkpoint=pretrained, load=load, load_step=None if load is None else 2,
-                          distributed_optimizer=True, lr=1e-2)
+                          distributed_optimizer=True, lr=1e-2, bf16_mixed=family in BF16_MIXED)
     recorder = _LayoutRecorder()
     run_training(cfg, family=family, callbacks=[recorder])
     return recorder
@@ -185,7 +205,7 @@ def _finetune_tiny(family: str, workdir: Path, iters: int, *, pretrained: Path |
 
 @pytest.mark.parametrize("family", sorted(MEGATRON_SIDE))
 def test_finetune_of_a_remote_code_family_resumes_bitwise_with_the_selection_kept(family, tmp_path):
-    vision, has_experts = MEGATRON_SIDE[family]
+    _, frozen_names, has_experts = MEGATRON_SIDE[family]
     _finetune_tiny(family, tmp_path / "base", 1, pretrained=None)  # the checkpoint finetune() starts from
     base = iteration_dir(tmp_path / "base" / "checkpoints", 1)
     full = _finetune_tiny(family, tmp_path / "full", ITERS, pretrained=base.parent)
@@ -196,13 +216,14 @@ def test_finetune_of_a_remote_code_family_resumes_bitwise_with_the_selection_kep
     b = read_checkpoint(iteration_dir(tmp_path / "resumed" / "checkpoints", ITERS))
     assert a.keys() == b.keys() and any(OPTIMIZER.match(k) for k in a)
     assert _differences(a, b, full.occupied) == []
-    assert resumed.losses == full.losses[2:]
-    frozen = {n for n in full.initial if re.search(vision, n)}
+    assert len(full.losses) == ITERS and resumed.losses == full.losses[2:]
+    # the selection, exactly: the frozen parts are in no optimizer group, every other parameter is in one
+    frozen = {n for n in full.initial if re.search(frozen_names, n)}
     trained = set().union(*(g.names for g in full.groups))
-    assert frozen and trained == set(full.initial) - frozen  # exactly the rest: language model and projection
+    assert frozen and trained == set(full.initial) - frozen  # exactly the rest: language model, projection(s)
     assert any(re.match(r"(llava_model\.)?language_model\.", n) for n in trained)
     assert bool({n for n in trained if ".experts." in n}) == has_experts
-    # the frozen vision encoder is bitwise the pretrained checkpoint's
+    # the frozen parts (their buffers too: Omni's conformer BatchNorm statistics) are bitwise the pretrained ones
     start, final = read_checkpoint(base), a
-    vision_keys = [k for k in start if re.search(vision, k) and torch.is_tensor(start[k])]
-    assert vision_keys and [k for k in vision_keys if not _same(start[k], final[k])] == []
+    frozen_keys = [k for k in start if re.search(frozen_names, k) and torch.is_tensor(start[k])]
+    assert frozen_keys and [k for k in frozen_keys if not _same(start[k], final[k])] == []
