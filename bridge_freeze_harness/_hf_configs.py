@@ -61,6 +61,9 @@ class HFFamily:
     published_prefixes: Mapping[str, str] = field(default_factory=dict)
     #: files a published checkpoint carries beside the weights, written by this function into the directory.
     extra_files: Callable[[Path], None] | None = None
+    #: rewrites the saved tensors into the published checkpoint's storage, given the directory (Kimi K2.5: its routed
+    #: experts INT4-packed), after ``published_prefixes``.
+    stored_as: Callable[[Path], None] | None = None
     #: the module that defines ``model_class`` (a vendored copy where transformers has none).
     model_module: str = "transformers"
     #: what building, loading or running ``model_class`` needs under transformers 5.12.1 (a vendored class written

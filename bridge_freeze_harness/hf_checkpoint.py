@@ -194,6 +194,8 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     with hf_model_context(family):
         model.save_pretrained(directory, safe_serialization=True)
     rename_saved_tensors(directory, hf_family(family).published_prefixes)
+    if hf_family(family).stored_as is not None:
+        hf_family(family).stored_as(directory)
     if hf_family(family).extra_files is not None:
         hf_family(family).extra_files(directory)
     tiny_tokenizer().save_pretrained(directory)
