@@ -17,6 +17,10 @@ module and parameter names as the checkpoint keys Bridge maps one to one (``visi
 mlp.fc0,mlp.fc1}``, ``encoder.final_layernorm``, ``mm_projector.{pre_norm,proj.0,proj.2}``, with a
 simple forward. The language model is Bridge's real MLA + MoE GPT model on megatron-core's local
 layers (first layer dense, second MoE, as Kimi K2's ``first_k_dense_replace=1``).
+
+Its tiny HF checkpoint (``HF_CHECKPOINTS``) is written from the same stand-ins plus transformers' DeepSeek-V3 causal
+LM, its routed experts INT4 as published (:mod:`._kimi_hf`); :func:`hf_cpu_fields` lets the converted provider's
+model find the stand-ins for the checkpoint's folder.
 """
 
 from __future__ import annotations
@@ -287,7 +291,8 @@ def hf_checkpoint_config() -> Any:
             "q_lora_rank": TINY_MLA["q_lora_rank"], "kv_lora_rank": TINY_MLA["kv_lora_rank"],
             "qk_nope_head_dim": TINY_MLA["qk_head_dim"], "qk_rope_head_dim": TINY_MLA["qk_pos_emb_head_dim"],
             "v_head_dim": TINY_MLA["v_head_dim"], "n_routed_experts": TINY_MOE["num_moe_experts"],
-            "num_experts_per_tok": TINY_MOE["moe_router_topk"], "moe_intermediate_size": TINY_MOE["moe_ffn_hidden_size"],
+            "num_experts_per_tok": TINY_MOE["moe_router_topk"],
+            "moe_intermediate_size": TINY_MOE["moe_ffn_hidden_size"],
             "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
     return KimiK25Config(text_config=text, vision_config=vision_config(), pad_token_id=PAD_TOKEN_ID,
                          media_placeholder_token_id=MEDIA_PLACEHOLDER_TOKEN_ID, tie_word_embeddings=False)

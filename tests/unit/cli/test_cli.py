@@ -89,8 +89,8 @@ def test_help_of_every_subcommand_has_examples():
 
 #: The families the real-loop demo runs here (measured; the others are refused with the reason, below).
 DEMO_FAMILIES = ["ernie45_vl", "exaone45_vl", "gemma3_vl", "gemma4_vl", "glm45v", "kimi_k25_vl", "minimax_m3_vl",
-                 "ministral3", "qwen25_omni", "qwen25_vl", "qwen2_audio", "qwen35_vl", "qwen35_vl_moe", "qwen3_asr", "qwen3_omni",
-                 "qwen3_vl", "qwen3_vl_moe"]
+                 "ministral3", "qwen25_omni", "qwen25_vl", "qwen2_audio", "qwen35_vl", "qwen35_vl_moe", "qwen3_asr",
+                 "qwen3_omni", "qwen3_vl", "qwen3_vl_moe"]
 
 #: The registered families the demo cannot run here, and a phrase of the one-line reason it gives.
 DEMO_REFUSED = {
@@ -275,8 +275,8 @@ _DEMO_CASES = [
 ]
 _DEMO_IDS = ["qwen3_vl-default", "qwen25_vl-freeze-vision", "qwen2_audio-default", "qwen3_asr-default",
      "qwen25_omni-default", "qwen3_omni-default", "ministral3-default", "ernie45_vl-language-model",
-     "glm45v-freeze-vision", "minimax_m3_vl-freeze-vision", "kimi_k25_vl-freeze-vision", "gemma4_vl-default", "qwen3_vl_moe-default",
-     "qwen35_vl-default", "qwen35_vl_moe-default", "exaone45_vl-default", "gemma3_vl-default"]
+     "glm45v-freeze-vision", "minimax_m3_vl-freeze-vision", "kimi_k25_vl-freeze-vision", "gemma4_vl-default",
+     "qwen3_vl_moe-default", "qwen35_vl-default", "qwen35_vl_moe-default", "exaone45_vl-default", "gemma3_vl-default"]
 
 
 @pytest.mark.parametrize(("args", "parts", "trains", "described"), _DEMO_CASES, ids=_DEMO_IDS)

@@ -19,6 +19,9 @@ AdamW steps -> ``export_hf_weights`` / ``save_hf_pretrained``. Per family:
 (f) where the HF class is not transformers' own (Qwen3-ASR: the maker's, as Bridge vendors it, built and loaded inside
     its family's ``model_patches``), the converted Megatron model gives that class's logits on the same input, and
     the patches' "default" rotary initialiser is transformers 5's own formula.
+(g) Kimi K2.5-VL, whose HF model is remote code on the hub: its checkpoint is the harness's stand-ins for it, routed
+    experts INT4 as published (``tiny/_kimi_hf.py``); transformers cannot load that here, so the saved folder is
+    loaded back with ``AutoBridge`` and exports to itself; Bridge's INT4 re-packing of a scale is shown.
 
 A family whose checkpoint transformers cannot write offline is listed with the measured reason
 (``NO_HF_CHECKPOINT``). One tiny model per family, built once per module: the twelve round trips take about
