@@ -69,3 +69,6 @@ class HFFamily:
     #: what building, loading or running ``model_class`` needs under transformers 5.12.1 (a vendored class written
     #: for transformers 4), applied by :func:`hf_model_context`.
     model_patches: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    #: what ``AutoBridge.from_hf_pretrained`` of the checkpoint (and Bridge's ``finetune()`` from it) needs, applied by
+    #: :func:`bridge_load_context` (Kimi K2.5: ``AutoConfig`` knowing the stand-in for the hub's config class).
+    load_patches: Callable[[], contextlib.AbstractContextManager[Any]] | None = None

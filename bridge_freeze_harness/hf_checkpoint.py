@@ -101,6 +101,13 @@ def hf_model_context(name: str) -> contextlib.AbstractContextManager[Any]:
     return patches() if patches is not None else contextlib.nullcontext()
 
 
+def bridge_load_context(name: str) -> contextlib.AbstractContextManager[Any]:
+    """What ``AutoBridge.from_hf_pretrained`` of ``name``'s checkpoint, or a ``finetune()`` from it, needs (its
+    ``load_patches``), or a no-op."""
+    patches = hf_family(name).load_patches
+    return patches() if patches is not None else contextlib.nullcontext()
+
+
 def hf_config(name: str) -> Any:
     """The tiny transformers config of ``name``'s checkpoint (float32, its model class as architecture)."""
     family = hf_family(name)

@@ -9,14 +9,17 @@ that one). Its routed experts are stored INT4 (compressed-tensors' pack-quantize
 ``...experts.<e>.<proj>.weight`` is ``weight_packed`` int32 with eight 4-bit codes offset by 8, ``weight_scale`` per
 group in bfloat16 and ``weight_shape``), and Bridge's export writes them back so.
 
-:func:`register_config` registers :class:`KimiK25Config` with transformers' ``AutoConfig`` so that
+:func:`registered_config` registers :class:`KimiK25Config` with transformers' ``AutoConfig`` for a block (the
+family's ``load_patches``: :func:`bridge_freeze_harness.hf_checkpoint.bridge_load_context`) so that
 ``AutoBridge.from_hf_pretrained`` reads the tiny ``config.json`` without remote code. It is done here, in the harness,
 not in the plugin: the class is a stand-in for the hub's code, and a user's process must keep reading the real one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +74,22 @@ class KimiK25ForConditionalGeneration(PreTrainedModel):
         self.post_init()
 
 
-def register_config() -> None:
-    """``AutoConfig`` reads ``kimi_k25`` with :class:`KimiK25Config` in this process (idempotent)."""
-    AutoConfig.register("kimi_k25", KimiK25Config, exist_ok=True)
+@contextlib.contextmanager
+def registered_config() -> Iterator[None]:
+    """``AutoConfig`` reads ``kimi_k25`` with :class:`KimiK25Config` inside the block; on exit the mapping is as it
+    was (a later ``bridge-freeze plan`` of a published config in the same process must not see the stand-in)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    extra = CONFIG_MAPPING._extra_content  # where AutoConfig.register puts it; no public way to take it back
+    before = extra.get(KimiK25Config.model_type)
+    AutoConfig.register(KimiK25Config.model_type, KimiK25Config, exist_ok=True)
+    try:
+        yield
+    finally:
+        if before is None:
+            extra.pop(KimiK25Config.model_type, None)
+        else:
+            extra[KimiK25Config.model_type] = before
 
 
 def pack_int4(weight: torch.Tensor) -> dict[str, torch.Tensor]:

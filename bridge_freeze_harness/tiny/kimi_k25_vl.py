@@ -281,12 +281,11 @@ TRAIN_SPECS = {
 
 
 def hf_checkpoint_config() -> Any:
-    """The tiny checkpoint's ``KimiK25Config`` (registered with ``AutoConfig`` here: :mod:`._kimi_hf`): the tiny
+    """The tiny checkpoint's ``KimiK25Config`` (``AutoConfig`` knows it inside :func:`_registered`): the tiny
     provider's sizes in DeepSeek-V3's names (first layer dense, second MoE with one shared expert)."""
     from bridge_freeze_harness._hf_configs import TEXT, TEXT_IDS
-    from bridge_freeze_harness.tiny._kimi_hf import KimiK25Config, register_config
+    from bridge_freeze_harness.tiny._kimi_hf import KimiK25Config
 
-    register_config()
     text = {**TEXT, **TEXT_IDS, "num_key_value_heads": TINY_LM["num_attention_heads"],
             "q_lora_rank": TINY_MLA["q_lora_rank"], "kv_lora_rank": TINY_MLA["kv_lora_rank"],
             "qk_nope_head_dim": TINY_MLA["qk_head_dim"], "qk_rope_head_dim": TINY_MLA["qk_pos_emb_head_dim"],
@@ -307,6 +306,12 @@ def hf_cpu_fields(provider: Any) -> dict[str, Any]:
             "seq_length": TINY_LM["seq_length"], "make_vocab_size_divisible_by": 128}
 
 
+def _registered() -> Any:
+    from bridge_freeze_harness.tiny._kimi_hf import registered_config
+
+    return registered_config()
+
+
 def _int4_experts(directory: Any) -> None:
     from bridge_freeze_harness.tiny._kimi_hf import store_experts_int4
 
@@ -317,5 +322,6 @@ def _int4_experts(directory: Any) -> None:
 #: classes are the harness's stand-ins for the hub's remote code, the routed experts stored INT4 as published.
 HF_CHECKPOINTS = {
     "kimi_k25_vl": HFFamily("KimiK25ForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields,
-                            model_module="bridge_freeze_harness.tiny._kimi_hf", stored_as=_int4_experts),
+                            model_module="bridge_freeze_harness.tiny._kimi_hf", load_patches=_registered,
+                            stored_as=_int4_experts),
 }
