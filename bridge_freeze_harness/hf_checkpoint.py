@@ -18,7 +18,9 @@ checkpoint to start from without the model hub:
 
 A family whose HF class transformers 5.12.1 lacks but Bridge vendors (Qwen3-ASR) names that class's module
 (``model_module``) and the patches that close its transformers-5 gaps (``model_patches``, entered by
-:func:`hf_model_context` around every build, load and forward of it). Families whose Hugging Face checkpoint
+:func:`hf_model_context` around every build, load and forward of it); one whose HF config class is remote code (Kimi
+K2.5) names what Bridge's loads of it need (``load_patches``, entered by :func:`bridge_load_context`) and how its
+tensors are stored (``stored_as``). Families whose Hugging Face checkpoint
 cannot be written offline are in :data:`NO_HF_CHECKPOINT`, with the reason. Each family module of
 :mod:`bridge_freeze_harness.tiny` declares its recipes (``HF_CHECKPOINTS``: configuration -> :class:`HFFamily`, from
 :mod:`._hf_configs`) or its reason (``NO_HF_CHECKPOINT``); this module collects them. The CPU stand-in for TE's
