@@ -98,6 +98,24 @@ def _bias_moves_with_router(task: Any) -> bool:
             and not getattr(module, "frozen_expert_bias", False))
 
 
+def _feeds(name: str, sources: Mapping[str, set[str]]) -> tuple[set[str], set[str]]:
+    """The Megatron sources of exported tensor ``name``'s values, and those that give its part.
+
+    Bridge's INT4 export (Kimi K2.5's routed experts) writes a mapped ``<base>.weight`` as ``<base>.weight_packed``
+    and ``<base>.weight_scale``, fed by the weight's sources, and ``<base>.weight_shape``, which records the shape:
+    no parameter's value feeds it, but it belongs to the weight's part.
+    """
+    if name in sources:
+        return sources[name], sources[name]
+    base, dot_weight, kind = name.rpartition(".weight_")
+    weight_sources = sources.get(f"{base}.weight", set()) if dot_weight and kind in _INT4_PARTS else set()
+    return (set() if kind == "shape" else weight_sources), weight_sources
+
+
+#: The tensors Bridge's INT4 export writes for one weight (``<base>.weight_<kind>``).
+_INT4_PARTS = ("packed", "scale", "shape")
+
+
 def _part_of(family: Any, sources: set[str]) -> str | None:
     if not sources:
         return "none"
@@ -119,11 +137,11 @@ def compare(
         raise AssertionError(f"the export and the input checkpoint differ in names: {missing[:5]}")
     rows = []
     for name in sorted(exported):
-        feeds = sources.get(name, set())
+        feeds, part_feeds = _feeds(name, sources)
         before, after = original[name], exported[name]
         changed = before.dtype != after.dtype or before.shape != after.shape or not torch.equal(before, after)
         rows.append(HFTensor(
-            name=name, part=_part_of(family, feeds), sources=tuple(sorted(feeds)),
+            name=name, part=_part_of(family, part_feeds), sources=tuple(sorted(feeds)),
             trainable=any(s in lr_of for s in feeds), expected=any(lr_of.get(s, 0.0) > 0.0 for s in feeds),
             changed=changed))
     return rows

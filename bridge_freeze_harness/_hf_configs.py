@@ -61,8 +61,14 @@ class HFFamily:
     published_prefixes: Mapping[str, str] = field(default_factory=dict)
     #: files a published checkpoint carries beside the weights, written by this function into the directory.
     extra_files: Callable[[Path], None] | None = None
+    #: rewrites the saved tensors into the published checkpoint's storage, given the directory (Kimi K2.5: its routed
+    #: experts INT4-packed), after ``published_prefixes``.
+    stored_as: Callable[[Path], None] | None = None
     #: the module that defines ``model_class`` (a vendored copy where transformers has none).
     model_module: str = "transformers"
     #: what building, loading or running ``model_class`` needs under transformers 5.12.1 (a vendored class written
     #: for transformers 4), applied by :func:`hf_model_context`.
     model_patches: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    #: what ``AutoBridge.from_hf_pretrained`` of the checkpoint (and Bridge's ``finetune()`` from it) needs, applied by
+    #: :func:`bridge_load_context` (Kimi K2.5: ``AutoConfig`` knowing the stand-in for the hub's config class).
+    load_patches: Callable[[], contextlib.AbstractContextManager[Any]] | None = None

@@ -141,7 +141,12 @@ def run_demo_flow(
     """
     laps = _Laps()
     auto_bridge = _bridge_up()
-    from bridge_freeze_harness.hf_checkpoint import cpu_provider, hf_build_patches, write_tiny_hf_checkpoint
+    from bridge_freeze_harness.hf_checkpoint import (
+        bridge_load_context,
+        cpu_provider,
+        hf_build_patches,
+        write_tiny_hf_checkpoint,
+    )
     from bridge_freeze_plugin import last_report, make_freezable
 
     laps("import")
@@ -150,7 +155,8 @@ def run_demo_flow(
     hf_dir = write_tiny_hf_checkpoint(family, workdir / "hf", seed=seed)
     laps("checkpoint")
 
-    bridge = auto_bridge.from_hf_pretrained(str(hf_dir))
+    with bridge_load_context(family):
+        bridge = auto_bridge.from_hf_pretrained(str(hf_dir))
     provider = make_freezable(cpu_provider(bridge, family, load_weights=True, **dict(provider_fields or {})),
                               selection)
     cfg = _demo_config(provider, workdir, family, steps, hf_dir, seed, make_peft=make_peft, part_lrs=part_lrs,
@@ -228,12 +234,12 @@ def _demo_config(
 def _finetune(cfg: Any, family: str, on_step: Callable[[int, float], None] | None) -> _DemoCallback:
     """Bridge's ``finetune()`` of ``cfg`` (its ``pretrained_checkpoint`` is set); the callback that recorded it."""
     from bridge_freeze_harness.cpu_training import run_training
-    from bridge_freeze_harness.hf_checkpoint import hf_build_patches
+    from bridge_freeze_harness.hf_checkpoint import bridge_load_context, hf_build_patches
 
     callback = _DemoCallback(on_step=on_step)
     # Bridge's deterministic mode (the Qwen3.5 CPU configs: the GDN's PyTorch conv path) asserts that NCCL_ALGO
     # names an all-reduce algorithm (training/config.py:1058); gloo does not read it.
-    with hf_build_patches(family), _env_default("NCCL_ALGO", "Ring"):
+    with hf_build_patches(family), bridge_load_context(family), _env_default("NCCL_ALGO", "Ring"):
         run_training(cfg, family=family, callbacks=[callback])  # finetune(): pretrained_checkpoint is set
     if callback.model is None:
         raise RuntimeError(f"Bridge's finetune() of {family!r} ended without on_train_end: no trained model")

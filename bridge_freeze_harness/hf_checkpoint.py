@@ -18,7 +18,9 @@ checkpoint to start from without the model hub:
 
 A family whose HF class transformers 5.12.1 lacks but Bridge vendors (Qwen3-ASR) names that class's module
 (``model_module``) and the patches that close its transformers-5 gaps (``model_patches``, entered by
-:func:`hf_model_context` around every build, load and forward of it). Families whose Hugging Face checkpoint
+:func:`hf_model_context` around every build, load and forward of it); one whose HF config class is remote code (Kimi
+K2.5) names what Bridge's loads of it need (``load_patches``, entered by :func:`bridge_load_context`) and how its
+tensors are stored (``stored_as``). Families whose Hugging Face checkpoint
 cannot be written offline are in :data:`NO_HF_CHECKPOINT`, with the reason. Each family module of
 :mod:`bridge_freeze_harness.tiny` declares its recipes (``HF_CHECKPOINTS``: configuration -> :class:`HFFamily`, from
 :mod:`._hf_configs`) or its reason (``NO_HF_CHECKPOINT``); this module collects them. The CPU stand-in for TE's
@@ -98,6 +100,13 @@ def hf_model_context(name: str) -> contextlib.AbstractContextManager[Any]:
     """What building, loading or running :func:`model_class` of ``name`` needs (its ``model_patches``), or a
     no-op."""
     patches = hf_family(name).model_patches
+    return patches() if patches is not None else contextlib.nullcontext()
+
+
+def bridge_load_context(name: str) -> contextlib.AbstractContextManager[Any]:
+    """What ``AutoBridge.from_hf_pretrained`` of ``name``'s checkpoint, or a ``finetune()`` from it, needs (its
+    ``load_patches``), or a no-op."""
+    patches = hf_family(name).load_patches
     return patches() if patches is not None else contextlib.nullcontext()
 
 
@@ -194,6 +203,8 @@ def write_tiny_hf_checkpoint(family: str, directory: Path, seed: int = 0) -> Pat
     with hf_model_context(family):
         model.save_pretrained(directory, safe_serialization=True)
     rename_saved_tensors(directory, hf_family(family).published_prefixes)
+    if hf_family(family).stored_as is not None:
+        hf_family(family).stored_as(directory)
     if hf_family(family).extra_files is not None:
         hf_family(family).extra_files(directory)
     tiny_tokenizer().save_pretrained(directory)

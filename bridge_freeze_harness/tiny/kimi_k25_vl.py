@@ -17,6 +17,10 @@ module and parameter names as the checkpoint keys Bridge maps one to one (``visi
 mlp.fc0,mlp.fc1}``, ``encoder.final_layernorm``, ``mm_projector.{pre_norm,proj.0,proj.2}``, with a
 simple forward. The language model is Bridge's real MLA + MoE GPT model on megatron-core's local
 layers (first layer dense, second MoE, as Kimi K2's ``first_k_dense_replace=1``).
+
+Its tiny HF checkpoint (``HF_CHECKPOINTS``) is written from the same stand-ins plus transformers' DeepSeek-V3 causal
+LM, its routed experts INT4 as published (:mod:`._kimi_hf`); :func:`hf_cpu_fields` lets the converted provider's
+model find the stand-ins for the checkpoint's folder.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import torch
 
+from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.batches import TrainSpec, image_rows
 from bridge_freeze_harness.patching import patched
 from bridge_freeze_harness.tiny._common import TINY_LM, finalized
@@ -275,12 +280,48 @@ TRAIN_SPECS = {
 }
 
 
-#: why no HF checkpoint of it can be written here (collected by
-#: :data:`bridge_freeze_harness.hf_checkpoint.NO_HF_CHECKPOINT`).
-NO_HF_CHECKPOINT = {
-    "kimi_k25_vl": (
-        "its HF model (KimiK25ForConditionalGeneration, model_type kimi_k25) is remote code on the hub, not in "
-        "transformers 5.12.1: AutoConfig raises 'Unrecognized model identifier: kimi_k25' offline, so no "
-        "checkpoint can be written, converted or loaded back here"
-    ),
+def hf_checkpoint_config() -> Any:
+    """The tiny checkpoint's ``KimiK25Config`` (``AutoConfig`` knows it inside :func:`_registered`): the tiny
+    provider's sizes in DeepSeek-V3's names (first layer dense, second MoE with one shared expert)."""
+    from bridge_freeze_harness._hf_configs import TEXT, TEXT_IDS
+    from bridge_freeze_harness.tiny._kimi_hf import KimiK25Config
+
+    text = {**TEXT, **TEXT_IDS, "num_key_value_heads": TINY_LM["num_attention_heads"],
+            "q_lora_rank": TINY_MLA["q_lora_rank"], "kv_lora_rank": TINY_MLA["kv_lora_rank"],
+            "qk_nope_head_dim": TINY_MLA["qk_head_dim"], "qk_rope_head_dim": TINY_MLA["qk_pos_emb_head_dim"],
+            "v_head_dim": TINY_MLA["v_head_dim"], "n_routed_experts": TINY_MOE["num_moe_experts"],
+            "num_experts_per_tok": TINY_MOE["moe_router_topk"],
+            "moe_intermediate_size": TINY_MOE["moe_ffn_hidden_size"],
+            "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+    return KimiK25Config(text_config=text, vision_config=vision_config(), pad_token_id=PAD_TOKEN_ID,
+                         media_placeholder_token_id=MEDIA_PLACEHOLDER_TOKEN_ID, tie_word_embeddings=False)
+
+
+def hf_cpu_fields(provider: Any) -> dict[str, Any]:
+    """The converted provider on the CPU: the checkpoint's folder answered offline (its remote-code look-ups get
+    the stand-ins, :func:`register_offline_model`, which is why the model may be told to trust it), local layers
+    (their core attention sizes heads by ``kv_channels``: MLA's value head size, as in :func:`make_provider`)."""
+    register_offline_model(provider.hf_model_path, provider.vision_config)
+    return {"trust_remote_code": True, "transformer_layer_spec": local_block_spec, "kv_channels": provider.v_head_dim,
+            "seq_length": TINY_LM["seq_length"], "make_vocab_size_divisible_by": 128}
+
+
+def _registered() -> Any:
+    from bridge_freeze_harness.tiny._kimi_hf import registered_config
+
+    return registered_config()
+
+
+def _int4_experts(directory: Any) -> None:
+    from bridge_freeze_harness.tiny._kimi_hf import store_experts_int4
+
+    store_experts_int4(directory)
+
+
+#: the tiny HF checkpoint recipe (collected by :data:`bridge_freeze_harness.hf_checkpoint.HF_FAMILIES`): the HF
+#: classes are the harness's stand-ins for the hub's remote code, the routed experts stored INT4 as published.
+HF_CHECKPOINTS = {
+    "kimi_k25_vl": HFFamily("KimiK25ForConditionalGeneration", hf_checkpoint_config, hf_cpu_fields,
+                            model_module="bridge_freeze_harness.tiny._kimi_hf", load_patches=_registered,
+                            stored_as=_int4_experts),
 }

@@ -189,4 +189,7 @@ HF_ROUNDTRIP_CASES: dict[str, Case] = {
     # whose sinusoidal positions are a non-persistent buffer (not in the file).
     "qwen3_asr": Case({"freeze_language_model": True, "freeze_audio_model": True},
                       r"^thinker\.audio_tower\.proj[12]\."),
+    # The vision tower and its projector (the stand-ins for the hub's remote code, as published: vision_tower.**,
+    # mm_projector.**); the language model frozen, its INT4-stored routed experts included.
+    "kimi_k25_vl": Case({"freeze_language_model": True}, r"^(vision_tower|mm_projector)\."),
 }

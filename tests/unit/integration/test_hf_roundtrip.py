@@ -19,6 +19,9 @@ AdamW steps -> ``export_hf_weights`` / ``save_hf_pretrained``. Per family:
 (f) where the HF class is not transformers' own (Qwen3-ASR: the maker's, as Bridge vendors it, built and loaded inside
     its family's ``model_patches``), the converted Megatron model gives that class's logits on the same input, and
     the patches' "default" rotary initialiser is transformers 5's own formula.
+(g) Kimi K2.5-VL, whose HF model is remote code on the hub: its checkpoint is the harness's stand-ins for it, routed
+    experts INT4 as published (``tiny/_kimi_hf.py``); transformers cannot load that here, so the saved folder is
+    loaded back with ``AutoBridge`` and exports to itself; Bridge's INT4 re-packing of a scale is shown.
 
 A family whose checkpoint transformers cannot write offline is listed with the measured reason
 (``NO_HF_CHECKPOINT``). One tiny model per family, built once per module: the twelve round trips take about
@@ -103,10 +106,11 @@ def load_train_export(checkpoint: Path, family: str, flags: dict[str, bool], *, 
     import torch
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider
+    from bridge_freeze_harness.hf_checkpoint import bridge_load_context, build_hf_chunks, cpu_provider
     from bridge_freeze_harness.train import train_steps
 
-    bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
+    with bridge_load_context(family):  # Kimi K2.5: AutoConfig knows the stand-in for the hub's config class
+        bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
     provider = cpu_provider(bridge, family, **flags)
     if lora is not None:
         provider.register_pre_wrap_hook(lora)
@@ -155,14 +159,32 @@ def test_every_tiny_family_has_a_round_trip_or_a_reason():
     assert set(CASES) | set(NO_HF_CHECKPOINT) == set(TINY_FAMILIES)
 
 
+#: family -> the stored tensors that are not float32, as the published checkpoint stores them: Kimi K2.5's routed
+#: experts INT4 (compressed-tensors' pack-quantized: int32 codes, bfloat16 group scales, the int32 shape).
+STORED_INT4 = {"kimi_k25_vl": r"^language_model\.model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\."
+                              r"weight_(packed|scale|shape)$"}
+#: family -> why transformers cannot load its saved folder here (the folder is loaded back with AutoBridge instead).
+NOT_LOADED_BY_TRANSFORMERS = {
+    "kimi_k25_vl": "its INT4 experts load in transformers only through the compressed-tensors quantizer of the "
+                   "published config's quantization_config (not installed), and its classes are the harness's "
+                   "stand-ins for the hub's remote code",
+}
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_checkpoint_randomises_every_tensor(family, roundtrip):
     """No tensor of the written file keeps a constant (e.g. a norm's 1.0 / 0.0): a weight left unloaded would show."""
     import torch
 
-    constant = [n for n, t in roundtrip(family)["original"].items() if t.numel() > 1 and torch.all(t == t.flatten()[0])]
+    original = roundtrip(family)["original"]
+    constant = [n for n, t in original.items() if t.numel() > 1 and torch.all(t == t.flatten()[0])]
     assert constant == []
-    assert all(t.is_floating_point() and t.dtype == torch.float32 for t in roundtrip(family)["original"].values())
+    stored = {n for n in original if re.search(STORED_INT4.get(family, "$^"), n)}
+    assert len(stored) % 3 == 0 and (family not in STORED_INT4 or stored)
+    assert {n: str(t.dtype) for n, t in original.items() if n in stored} == {
+        n: {"packed": "torch.int32", "scale": "torch.bfloat16", "shape": "torch.int32"}[n.rpartition("_")[2]]
+        for n in stored}
+    assert all(t.is_floating_point() and t.dtype == torch.float32 for n, t in original.items() if n not in stored)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -184,7 +206,9 @@ def test_training_changes_exactly_the_selected_hf_tensors(family, roundtrip):
     assert all(run["after"][n].dtype == run["original"][n].dtype for n in run["original"])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.skip(reason=NOT_LOADED_BY_TRANSFORMERS[f]))
+    if isinstance(f, str) and f in NOT_LOADED_BY_TRANSFORMERS else f for f in FAMILIES])
 def test_saved_checkpoint_is_the_export_and_loads_in_transformers(family, roundtrip, tmp_path):
     from bridge_freeze_harness.hf_checkpoint import hf_model_context, model_class
 
@@ -208,6 +232,48 @@ def test_saved_checkpoint_is_the_export_and_loads_in_transformers(family, roundt
         assert info.get("error_msgs", []) == []
         model.save_pretrained(tmp_path / "resaved")  # transformers' own names back: the tensors it loaded
     assert differences(run["after"], read_safetensors(tmp_path / "resaved")) == []
+
+
+@pytest.mark.parametrize("family", sorted(NOT_LOADED_BY_TRANSFORMERS))
+def test_saved_checkpoint_is_the_export_and_loads_back_in_autobridge(family, roundtrip):
+    """Where transformers cannot load the saved folder here: it is the export, and ``AutoBridge`` loads it back into
+    a model whose export is that folder, bit for bit (the INT4 experts, re-read and re-packed, included)."""
+    from megatron.bridge import AutoBridge
+    from transformers import CONFIG_MAPPING
+
+    from bridge_freeze_harness.hf_checkpoint import bridge_load_context, build_hf_chunks, cpu_provider
+
+    run = roundtrip(family)
+    saved = read_safetensors(run["saved"])
+    assert differences(run["after"], saved) == []
+    with bridge_load_context(family):
+        bridge = AutoBridge.from_hf_pretrained(str(run["saved"]))
+    assert run["bridge"].hf_pretrained.config.model_type not in CONFIG_MAPPING  # the stand-in was registered for
+    # the loads only: a plan of a published config later in this process reads it offline, as without the harness
+    chunks = build_hf_chunks(family, cpu_provider(bridge, family))
+    assert differences(saved, export(bridge, chunks)) == []
+
+
+def test_kimi_int4_export_changes_a_scale_whose_seven_fold_is_no_bfloat16(cpu_bridge):
+    """Why the tiny Kimi checkpoint's INT4 scales have 5 significant bits (``tiny/_kimi_hf.py``): Bridge loads an
+    INT4 expert as bfloat16 ``code * scale`` and exports it with ``scale = max|w| / 7``, so a frozen expert comes
+    back bit for bit only when ``7 * scale`` is a bfloat16. Bridge's gap, not the plugin's: shown on its own two
+    functions, with a scale of 8 significant bits (as published scales may have) and one of the tiny kind."""
+    import torch
+    from megatron.bridge.models.conversion.quantization_utils import dequantize_int4, quantize_to_int4
+
+    from bridge_freeze_harness.tiny._kimi_hf import pack_int4
+
+    codes = torch.tensor([[7, -3, 1, 0, 5, -7, 2, 4] * 4], dtype=torch.float32)  # one group of 32, max |code| 7
+    short = 0.009765625  # 1.01b * 2**-7: 3 significant bits
+    stored = pack_int4(codes * short)
+    assert stored["weight_scale"].item() == short
+    for scale, exact in ((0.009521484375, False), (short, True)):  # the first: 0.0095 as a bfloat16 (8 bits)
+        as_stored = torch.tensor([[scale]], dtype=torch.bfloat16)
+        loaded = dequantize_int4(stored["weight_packed"], as_stored, stored["weight_shape"])
+        packed, scale_again, _ = quantize_to_int4(loaded.float(), scale_dtype=torch.bfloat16)
+        assert torch.equal(packed, stored["weight_packed"])  # the codes survive
+        assert torch.equal(scale_again, as_stored) is exact  # the scale only when 7 * scale is a bfloat16
 
 
 # --- (d) LoRA with full-rank parts --------------------------------------------------------------------------------
