@@ -10,12 +10,14 @@ Parameters are found by identity in megatron-core's optimizers, whose groups hol
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim._overrides import adapter_ids, check_schedule, expected_lrs, parameters
+from bridge_freeze_plugin.optim._resume import keep_part_groups_on_load
 from bridge_freeze_plugin.optim._settings import PartLearningRates
 
 if TYPE_CHECKING:
@@ -61,6 +63,8 @@ def verify_part_learning_rates(
     ``model``: its chunks; ``scheduler``: megatron-core's ``OptimizerParamScheduler``, when there is one (its
     warm-up is checked too). Returns part -> ``(max_lr, min_lr)`` as applied. Raises
     :class:`PartLearningRateError` naming the part, what was asked and what the optimizer holds.
+    The optimizer's later ``load_state_dict`` (a resume) keeps each part's groups and is checked again
+    (:func:`~bridge_freeze_plugin.optim._resume.keep_part_groups_on_load`).
     """
     config = optimizer_config if optimizer_config is not None else _config_of(optimizer)
     if config is None:
@@ -68,6 +72,16 @@ def verify_part_learning_rates(
     resolved = rates.resolved(config.lr, config.min_lr)
     if scheduler is not None:
         check_schedule(rates, float(getattr(scheduler, "init_lr", 0.0)), int(getattr(scheduler, "lr_warmup_steps", 0)))
+    _check_groups(optimizer, model, config, resolved)
+    if resolved:
+        keep_part_groups_on_load(optimizer, functools.partial(_check_groups, optimizer, model, config, resolved))
+        logger.info("bridge-freeze: per-part learning rates applied: %s", rates.describe())
+    return resolved
+
+
+def _check_groups(optimizer: Any, model: Any, config: OptimizerConfig,
+                  resolved: dict[str, tuple[float, float]]) -> None:
+    """Every parameter of a part with its own LR is in a group with exactly that LR."""
     adapters = adapter_ids(model)
     found: dict[str, int] = dict.fromkeys(resolved, 0)
     for group, held in held_groups(optimizer):
@@ -81,9 +95,6 @@ def verify_part_learning_rates(
                 raise _not_applied(part, lrs, f"a parameter group with max_lr={applied[0]}, min_lr={applied[1]}")
             found[part] += 1
     _check_found(optimizer, model, config, adapters, resolved, found)
-    if resolved:
-        logger.info("bridge-freeze: per-part learning rates applied: %s", rates.describe())
-    return resolved
 
 
 def _check_found(optimizer: Any, model: Any, config: OptimizerConfig, adapters: frozenset[int],
