@@ -8,10 +8,11 @@ group gets the last one's saved hyperparameters (``optimizer.py:_filter_and_reor
 ``distrib_optimizer.py``'s ``make_needed_groups``). The resumed run then trains a part at another part's LR, with
 no error. megatron-core 0.19 adds the override keys to the identifier.
 
-:func:`keep_part_groups_on_load` wraps one optimizer's ``load_state_dict``: during the load, the identifier also
-holds the keys the plugin's overrides set (:data:`OVERRIDE_KEYS`; nothing changes where megatron-core already has
-them), and after it the per-part LRs are checked again, so a checkpoint whose groups came back with other values
-is an error before the next step.
+:func:`keep_part_groups_on_load` wraps one optimizer's ``load_state_dict`` and ``sharded_state_dict`` (0.18's
+distributed optimizer pairs its own groups with themselves there, ``distrib_optimizer.py:1498``, before the load):
+while they run, the identifier also holds the keys the plugin's overrides set (:data:`OVERRIDE_KEYS`; nothing
+changes where megatron-core already has them), and after the load the groups are checked again, so a checkpoint
+whose groups came back with other values is an error before the next step.
 """
 
 from __future__ import annotations
@@ -59,18 +60,23 @@ def _identified_by_override_keys() -> Iterator[None]:
 
 
 def keep_part_groups_on_load(optimizer: Any, check: Callable[[], Any]) -> None:
-    """Wrap ``optimizer.load_state_dict`` (this instance; once): pair groups by :data:`OVERRIDE_KEYS` too, then
-    ``check()`` (the per-part LR check, which raises when a part's group holds another LR)."""
-    real = getattr(optimizer, "load_state_dict", None)
-    if real is None or getattr(real, _MARK, False):
-        return
+    """Wrap ``optimizer.load_state_dict`` and ``optimizer.sharded_state_dict`` (this instance; once): groups are
+    paired by :data:`OVERRIDE_KEYS` too while they run; after a load, ``check()`` (raises when a group's LRs
+    changed)."""
+    for name in ("load_state_dict", "sharded_state_dict"):
+        real = getattr(optimizer, name, None)
+        if real is not None and not getattr(real, _MARK, False):
+            setattr(optimizer, name, _paired_by_override_keys(real, check if name == "load_state_dict" else None))
 
+
+def _paired_by_override_keys(real: Callable[..., Any], then: Callable[[], Any] | None) -> Callable[..., Any]:
     @functools.wraps(real)
-    def load_state_dict(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         with _identified_by_override_keys():
             result = real(*args, **kwargs)
-        check()
+        if then is not None:
+            then()
         return result
 
-    setattr(load_state_dict, _MARK, True)
-    optimizer.load_state_dict = load_state_dict
+    setattr(call, _MARK, True)
+    return call
