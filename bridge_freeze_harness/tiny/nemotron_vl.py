@@ -163,16 +163,25 @@ def make_provider(**overrides: Any) -> Any:
     return finalized(provider, **overrides)
 
 
+#: The names a provider module gives megatron-core's hybrid stack spec: Bridge 0.6.0 (SkyRL's pin, in the lane)
+#: imports it as ``mamba_stack_spec`` (megatron-core 0.18's alias of ``hybrid_stack_spec``).
+STACK_SPEC_NAMES = ("hybrid_stack_spec", "mamba_stack_spec")
+
+
 def hybrid_build_patches(provider_module: Any) -> list[tuple[Any, str, Any]]:
-    """Points 1-3 for a provider module that names ``hybrid_stack_spec`` (Nemotron-VL's, Nemotron Omni's)."""
+    """Points 1-3 for a provider module that names the hybrid stack spec (Nemotron-VL's, Nemotron Omni's)."""
     from megatron.core.models.hybrid import hybrid_block
     from megatron.core.ssm import mamba_mixer
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     from bridge_freeze_harness.local_layers import GatedRMSNorm
 
+    names = [name for name in STACK_SPEC_NAMES if hasattr(provider_module, name)]
+    if not names:
+        raise AttributeError(f"{provider_module.__name__} names none of {STACK_SPEC_NAMES}: the harness cannot give "
+                             f"it the local hybrid stack spec")
     return [
-        (provider_module, "hybrid_stack_spec", local_hybrid_stack_spec()),
+        *((provider_module, name, local_hybrid_stack_spec()) for name in names),
         (hybrid_block, "TENorm", WrappedTorchNorm),
         (mamba_mixer, "HAVE_MAMBA_SSM", True),
         (mamba_mixer, "ExtendedRMSNorm", GatedRMSNorm),

@@ -10,12 +10,14 @@ Parameters are found by identity in megatron-core's optimizers, whose groups hol
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
-from bridge_freeze_plugin.optim._overrides import adapter_ids, check_schedule, expected_lrs, parameters
+from bridge_freeze_plugin.optim._overrides import adapter_ids, check_schedule, expected_lrs, lr_part, parameters
+from bridge_freeze_plugin.optim._resume import keep_part_groups_on_load
 from bridge_freeze_plugin.optim._settings import PartLearningRates
 
 if TYPE_CHECKING:
@@ -61,6 +63,8 @@ def verify_part_learning_rates(
     ``model``: its chunks; ``scheduler``: megatron-core's ``OptimizerParamScheduler``, when there is one (its
     warm-up is checked too). Returns part -> ``(max_lr, min_lr)`` as applied. Raises
     :class:`PartLearningRateError` naming the part, what was asked and what the optimizer holds.
+    The optimizer's later ``load_state_dict`` (a resume) keeps each part's groups and is checked again
+    (:func:`~bridge_freeze_plugin.optim._resume.keep_part_groups_on_load`).
     """
     config = optimizer_config if optimizer_config is not None else _config_of(optimizer)
     if config is None:
@@ -68,6 +72,17 @@ def verify_part_learning_rates(
     resolved = rates.resolved(config.lr, config.min_lr)
     if scheduler is not None:
         check_schedule(rates, float(getattr(scheduler, "init_lr", 0.0)), int(getattr(scheduler, "lr_warmup_steps", 0)))
+    _check_groups(optimizer, model, config, resolved)
+    if resolved:
+        built = _group_lrs(optimizer, config)
+        keep_part_groups_on_load(optimizer, functools.partial(_check_loaded, optimizer, model, config, resolved, built))
+        logger.info("bridge-freeze: per-part learning rates applied: %s", rates.describe())
+    return resolved
+
+
+def _check_groups(optimizer: Any, model: Any, config: OptimizerConfig,
+                  resolved: dict[str, tuple[float, float]]) -> None:
+    """Every parameter of a part with its own LR is in a group with exactly that LR."""
     adapters = adapter_ids(model)
     found: dict[str, int] = dict.fromkeys(resolved, 0)
     for group, held in held_groups(optimizer):
@@ -81,9 +96,32 @@ def verify_part_learning_rates(
                 raise _not_applied(part, lrs, f"a parameter group with max_lr={applied[0]}, min_lr={applied[1]}")
             found[part] += 1
     _check_found(optimizer, model, config, adapters, resolved, found)
-    if resolved:
-        logger.info("bridge-freeze: per-part learning rates applied: %s", rates.describe())
-    return resolved
+
+
+def _group_lrs(optimizer: Any, config: OptimizerConfig) -> list[tuple[float, float]]:
+    """``(max_lr, min_lr)`` of every parameter group, in order."""
+    return [(group.get("max_lr", config.lr), group.get("min_lr", config.min_lr)) for group, _ in held_groups(optimizer)]
+
+
+def _check_loaded(optimizer: Any, model: Any, config: OptimizerConfig, resolved: dict[str, tuple[float, float]],
+                  built: list[tuple[float, float]]) -> None:
+    """After a checkpoint load: every group kept the LRs it was built with (a part at the global LR too), and each
+    part with its own LR is in a group with exactly that LR."""
+    adapters = adapter_ids(model)
+    loaded = _group_lrs(optimizer, config)
+    if len(loaded) != len(built):
+        raise PartLearningRateError(
+            f"a checkpoint load left the optimizer with {len(loaded)} parameter groups instead of the {len(built)} "
+            f"it was built with: the per-part learning rates cannot be vouched for; load the checkpoint into an "
+            f"optimizer built with the same per-part learning rates")
+    for (_, held), lrs, now in zip(held_groups(optimizer), built, loaded, strict=True):
+        if now != lrs:
+            parts = sorted({lr_part(p, adapters) or "unclassified" for p in held})
+            raise PartLearningRateError(
+                f"a checkpoint load gave the parameter group of {', '.join(parts)} max_lr={now[0]}, min_lr={now[1]} "
+                f"instead of max_lr={lrs[0]}, min_lr={lrs[1]}: the resumed run would train it at another part's "
+                f"learning rate; load the checkpoint into an optimizer built with the same per-part learning rates")
+    _check_groups(optimizer, model, config, resolved)
 
 
 def _check_found(optimizer: Any, model: Any, config: OptimizerConfig, adapters: frozenset[int],

@@ -19,6 +19,7 @@ from bridge_freeze_plugin.prewrap._model_names import model_wide_names, names_ar
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
 from bridge_freeze_plugin.prewrap._running_stats import keep_frozen_stats
 from bridge_freeze_plugin.prewrap._state import ChunkState, chunk_state, set_chunk_state
+from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import FreezeSelection, PatternSummary, PatternTally, check_matched
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -90,17 +91,28 @@ def freeze_expert_biases(chunks: list[Any], decided: dict[int, bool]) -> int:
     megatron-core's ``finalize_model_grads`` updates that buffer after every step from the token counts, with no
     gradient, unless the router's ``frozen_expert_bias`` is set: a frozen language model's routing would still
     change. A router whose ``weight`` the selection freezes gets ``frozen_expert_bias = True``; one whose weight
-    trains keeps Bridge's setting.
+    trains keeps Bridge's setting. megatron-core before 0.19 (0.18: SkyRL's pin) has no ``frozen_expert_bias``
+    and moves every router's bias (``finalize_model_grads.py:_update_router_expert_bias``): a frozen router's
+    moving bias is then named in a WARNING on rank 0 (the RL weight sync sends it, as it changed).
     """
-    frozen = 0
+    frozen, moving = 0, 0
     for chunk in chunks:
         for module in chunk.modules():
             weight = getattr(module, "weight", None)
-            if getattr(module, "expert_bias", None) is None or not hasattr(module, "frozen_expert_bias"):
+            if getattr(module, "expert_bias", None) is None or weight is None or decided.get(id(weight)) is not False:
                 continue
-            if weight is not None and decided.get(id(weight)) is False:
+            if hasattr(module, "frozen_expert_bias"):
                 module.frozen_expert_bias = True
                 frozen += 1
+            elif getattr(getattr(module, "config", None), "moe_router_enable_expert_bias", False):
+                moving += 1
+    if moving and is_rank0():
+        logger.warning(
+            "bridge-freeze: %d frozen MoE router(s) keep a moving expert bias: this megatron-core has no "
+            "frozen_expert_bias and updates every router's expert_bias after each step from the token counts, so "
+            "the frozen part's routing still changes (the weight sync sends those biases); set "
+            "moe_router_bias_update_rate=0 on the provider to keep them as loaded, or use megatron-core 0.19 or newer",
+            moving)
     return frozen
 
 

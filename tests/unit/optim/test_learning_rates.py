@@ -242,6 +242,53 @@ def test_verify_accepts_applied_and_raises_when_ignored(rig):
         verify_part_learning_rates(optimizer, rig.chunks, rates)
 
 
+def test_a_resume_gives_each_part_its_own_groups_back(rig):
+    """A checkpoint's groups go back to the groups of the same part: megatron-core 0.18 pairs them by wd_mult,
+    lr_mult, is_expert_parallel and is_decoupled_lr only, so a part's groups and the global ones collapsed and a
+    resumed part trained at another part's LR (SkyRL's pin); a checkpoint made with other per-part LRs is refused."""
+    from bridge_freeze_plugin.optim import verify_part_learning_rates
+
+    config = rig.config()
+    rates = PartLearningRates.of(lr_vision_projection=2e-2, min_lr_vision_projection=1e-3)
+    saved = rig.build(config, _overrides(rig, config, **rates.as_dict())).state_dict()
+    resumed = rig.build(config, _overrides(rig, config, **rates.as_dict()))
+    verify_part_learning_rates(resumed, rig.chunks, rates)
+    resumed.load_state_dict(saved)
+    held = {id(p): (g["max_lr"], g["min_lr"]) for g in resumed.param_groups for p in g["params"]}
+    own = {"vision_projection": (2e-2, 1e-3)}
+    assert sum(len(g["params"]) for g in resumed.param_groups) == len(rig.named)
+    assert held == {id(p): own.get(rig.part_of(n), (GLOBAL_LR, GLOBAL_MIN_LR)) for n, p in rig.named.items()}
+    other = rig.build(config, _overrides(rig, config, lr_vision_projection=3e-2)).state_dict()
+    with pytest.raises(ValueError, match="Could not find parameter group"):
+        resumed.load_state_dict(other)
+
+
+def test_a_load_that_moves_a_global_groups_lr_is_an_error(rig, monkeypatch):
+    """After a load every group keeps the LRs it was built with, a part at the global LR too (what megatron-core
+    0.18's collapse did to the LoRA run's projection: no per-part LR of its own, so the per-part check missed it)."""
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    from bridge_freeze_plugin.optim import verify_part_learning_rates
+
+    config = rig.config()
+    rates = PartLearningRates.of(lr_vision_projection=2e-2)
+    saved = rig.build(config, _overrides(rig, config, **rates.as_dict())).state_dict()
+    resumed = rig.build(config, _overrides(rig, config, **rates.as_dict()))
+    verify_part_learning_rates(resumed, rig.chunks, rates)
+    real = MegatronOptimizer._filter_and_reorder_param_groups
+
+    def collapsed(current, loaded):  # the global groups come back with the projection's LR
+        groups = real(current, loaded)
+        for group in groups:
+            if group["max_lr"] == GLOBAL_LR:
+                group.update(max_lr=2e-2, min_lr=2e-3)
+        return groups
+
+    monkeypatch.setattr(MegatronOptimizer, "_filter_and_reorder_param_groups", staticmethod(collapsed))
+    with pytest.raises(PartLearningRateError, match=r"a checkpoint load gave the parameter group of language_model"):
+        resumed.load_state_dict(saved)
+
+
 def test_frozen_part_and_a_model_not_built_by_the_plugin_raise(rig):
     config = rig.config()
     family = get_family("qwen3_vl")
