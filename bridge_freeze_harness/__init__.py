@@ -47,8 +47,9 @@ Every module (``tests/unit/integration/test_harness_stubs.py`` checks that this 
   :mod:`._hf_configs` (``HFFamily``, the HF checkpoint recipe each family module declares, and the
   tiny HF text fields the recipes share), :mod:`._grouped_experts` (the CPU
   stand-in for TE's grouped-GEMM experts), :mod:`._grouped_sharding` (its torch_dist keys),
-  :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``), :mod:`._hf_compare` (its exported
-  tensors against the input checkpoint's);
+  :mod:`.demo_flow` (HF in, Bridge's loop, HF out: ``bridge-freeze demo``), :mod:`.demo_scope` (which families
+  it runs, read without importing model code), :mod:`._hf_compare` (its exported tensors against the input
+  checkpoint's);
 - no Megatron at all: :mod:`.stand_ins` (plain PyTorch modules with a real model's parameter names);
 - on a GPU (``device="cuda"`` of :func:`~bridge_freeze_harness.context.device_build_context`,
   :func:`~bridge_freeze_harness.tiny.build_context`, :func:`~bridge_freeze_harness.tiny.make_provider`,

@@ -15,9 +15,8 @@
    the LoRA adapters merged into a wrapped base weight) is in an optimizer group of Bridge's real optimizer
    (:class:`~bridge_freeze_harness.run_records.Recorder`) at a learning rate above 0.
 
-Families that cannot take this flow here are in :data:`DEMO_CANNOT_RUN` with the measured reason (plus those
-without an HF checkpoint or a CPU training recipe). Who imports this package, and why:
-:mod:`bridge_freeze_harness`.
+Which families take this flow here, and why not the others: :mod:`bridge_freeze_harness.demo_scope`. Who imports
+this package, and why: :mod:`bridge_freeze_harness`.
 """
 
 from __future__ import annotations
@@ -41,29 +40,6 @@ GLOBAL_LR = 1e-2
 
 #: Seeds are folded to 31 bits: Megatron seeds numpy (below 2**32) with the seed plus per-rank offsets.
 SEED_BITS = 31
-
-#: family -> why the real-loop demo cannot run it here (measured on this machine; one line each).
-DEMO_CANNOT_RUN: dict[str, str] = {}
-
-
-def demo_refusal(family: str) -> str | None:
-    """Why ``family`` cannot run :func:`run_demo_flow` here, or ``None`` (no Bridge import)."""
-    from bridge_freeze_harness.hf_checkpoint import NO_HF_CHECKPOINT
-    from bridge_freeze_harness.tiny import TINY_FAMILIES
-    from bridge_freeze_harness.train import cannot_train_reason
-
-    if family not in TINY_FAMILIES:
-        return "no tiny configuration of that name"
-    if family in NO_HF_CHECKPOINT:
-        return NO_HF_CHECKPOINT[family]
-    return cannot_train_reason(family) or DEMO_CANNOT_RUN.get(family)
-
-
-def demo_families() -> list[str]:
-    """The families :func:`run_demo_flow` runs, sorted."""
-    from bridge_freeze_harness.tiny import TINY_FAMILIES
-
-    return sorted(name for name in TINY_FAMILIES if demo_refusal(name) is None)
 
 
 def fold_seed(seed: int) -> int:

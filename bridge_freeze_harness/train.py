@@ -24,6 +24,7 @@ import torch
 
 from bridge_freeze_harness.batches import QWEN_TOKEN_IDS, TrainSpec, causal_mask
 from bridge_freeze_harness.forward import block_diagonal_mask, forward_patches
+from bridge_freeze_harness.tiny._index import cannot_train_reason
 
 __all__ = [
     "QWEN_TOKEN_IDS",
@@ -44,17 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def cannot_train_reason(name: str) -> str | None:
-    """Why tiny configuration ``name`` cannot train on the CPU (its module's ``CANNOT_TRAIN``), or ``None``."""
-    from bridge_freeze_harness.tiny import family_module
-
-    module = family_module(name)
-    reason = getattr(module, "CANNOT_TRAIN", None)
-    if reason is None and name not in getattr(module, "TRAIN_SPECS", {}):
-        return f"the family module {module.__name__} declares neither TRAIN_SPECS[{name!r}] nor CANNOT_TRAIN"
-    return reason
 
 
 def trainable_families() -> list[str]:

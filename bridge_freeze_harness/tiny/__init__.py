@@ -16,7 +16,9 @@ module: the index (:mod:`._index`) is derived from the modules themselves. A fam
 - ``tiny_patches()`` (optional): patches only the tiny configurations need (e.g. offline stand-ins);
 - ``forward_patches()`` (optional): patches a forward / backward of the family needs on the CPU;
 - ``TRAIN_SPECS`` (a dict: configuration name -> :class:`~bridge_freeze_harness.batches.TrainSpec`), or
-  ``CANNOT_TRAIN`` (a one-line reason why the family cannot run a forward on the CPU);
+  ``CANNOT_TRAIN`` (a one-line string literal: why the family cannot run a forward on the CPU); written as a dict
+  display with the names as literal keys, so that which configurations train is read from the source
+  (:func:`._index.cannot_train_reason`: the demo's refusals import no model code);
 - ``HF_CHECKPOINTS`` (a dict: configuration name -> :class:`~bridge_freeze_harness._hf_configs.HFFamily`, its tiny
   Hugging Face checkpoint recipe), or ``NO_HF_CHECKPOINT`` (a dict literal: configuration name -> why none can be
   written here, read from the source);

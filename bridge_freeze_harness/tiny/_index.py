@@ -115,6 +115,41 @@ class TinyIndex(Mapping[str, str]):
         return f"TinyIndex({dict(self)!r})"
 
 
+def _source_value(module: str, attr: str) -> ast.expr | None:
+    """The value of the last module-level ``attr = ...`` in family module ``module``'s source, unevaluated."""
+    path = _DIR / f"{module}.py"
+    value = None
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr for t in node.targets):
+            value = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == attr:
+            value = node.value
+    return value
+
+
+def cannot_train_reason(name: str) -> str | None:
+    """Why tiny configuration ``name`` cannot train on the CPU (its module's ``CANNOT_TRAIN``), or ``None``.
+
+    Read from the module's source where it can be (a string ``CANNOT_TRAIN``, a ``TRAIN_SPECS`` dict display
+    with literal keys), so that asking imports no model code; a table built by code is read from the module.
+    """
+    module = entry(name).module
+    reason = _source_value(module, "CANNOT_TRAIN")
+    if reason is not None:
+        return str(ast.literal_eval(reason))
+    specs = _source_value(module, "TRAIN_SPECS")
+    if isinstance(specs, ast.Dict) and all(isinstance(key, ast.Constant) for key in specs.keys):
+        names = {key.value for key in specs.keys if isinstance(key, ast.Constant)}
+    else:
+        loaded = module_of(name)
+        if getattr(loaded, "CANNOT_TRAIN", None) is not None:
+            return str(loaded.CANNOT_TRAIN)
+        names = set(getattr(loaded, "TRAIN_SPECS", {}))
+    if name not in names:
+        return f"the family module {PACKAGE}.{module} declares neither TRAIN_SPECS[{name!r}] nor CANNOT_TRAIN"
+    return None
+
+
 @functools.cache
 def declared(attr: str) -> dict[str, Any]:
     """Tiny configuration name -> its value in the dict ``attr`` of its family module, every family module (imported,

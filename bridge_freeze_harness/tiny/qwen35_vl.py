@@ -195,10 +195,8 @@ def forward_patches() -> Iterator[None]:
 
 
 #: Qwen-style image-text batches (Qwen3.5 providers hold the same special-token fields as Qwen3-VL).
-TRAIN_SPECS = {
-    name: TrainSpec(token_ids=QWEN_TOKEN_IDS, projection_prefixes=("vision_model.merger.",))
-    for name in ("qwen35_vl", "qwen35_vl_moe")
-}
+_TRAIN_SPEC = TrainSpec(token_ids=QWEN_TOKEN_IDS, projection_prefixes=("vision_model.merger.",))
+TRAIN_SPECS = {"qwen35_vl": _TRAIN_SPEC, "qwen35_vl_moe": _TRAIN_SPEC}
 
 
 def _hf_text() -> dict[str, Any]:

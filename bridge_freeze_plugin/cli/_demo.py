@@ -122,7 +122,7 @@ class _Progress:
 def _check_request(model: str, selection: FreezeSelection, lora_rank: int = 0) -> None:
     """Refuse, before anything is imported or written, a family the flow cannot run here or a selection that
     trains nothing."""
-    from bridge_freeze_harness.demo_flow import demo_families, demo_refusal
+    from bridge_freeze_harness.demo_scope import demo_families, demo_refusal
 
     reason = demo_refusal(model)
     if reason is not None:
@@ -210,8 +210,8 @@ def _seconds(seconds: dict[str, float], total: float) -> str:
     return ", ".join(f"{labels.get(k, k)} {v:.1f} s" for k, v in seconds.items()) + f"; total {total:.1f} s"
 
 
-def run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+def _development_stack() -> Any:
+    """The demo's flow module, with torch and transformers imported (a ``CommandError`` where they are missing)."""
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401  (before quiet_third_party: it sets its loggers' levels on import)
@@ -221,7 +221,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"the demo needs torch and megatron-bridge ({exc}); run it through 'make demo', which sets them up"
         ) from exc
+    return demo_flow
 
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    # Every refusal comes before torch, transformers or the harness's flow is imported: it answers at once.
     default = projection_only(args.model)
     selection = with_patterns(selection_from(args, default), args)
     _check_request(args.model, selection, args.lora_rank)
@@ -231,8 +236,9 @@ def run(args: argparse.Namespace) -> int:
     keep = args.keep or not temporary
     level = logging.getLogger().getEffectiveLevel()
     log = workdir / BRIDGE_LOG
-    startup = time.perf_counter() - started
     try:
+        demo_flow = _development_stack()
+        startup = time.perf_counter() - started
         with _bridge_output_to(log, level) as progress:
             result = demo_flow.run_demo_flow(
                 args.model, workdir, selection=selection, steps=args.steps, seed=args.seed,

@@ -384,10 +384,26 @@ def test_demo_refusals_are_one_line_before_any_work(tmp_path):
     assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["keep.txt"]
 
 
+def test_demo_refusals_import_no_model_code():
+    """A refusal answers before torch, transformers, Bridge or a family's model code is imported (it read the
+    family modules' sources): a user waits a fraction of a second for it, not the stack's import."""
+    heavy = ("torch", "transformers", "megatron", "bridge_freeze_harness.demo_flow", "bridge_freeze_harness.tiny.")
+    argvs = [["demo", family] for family in DEMO_REFUSED] + [
+        ["demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection"]]
+    code = (
+        "import sys\nfrom bridge_freeze_plugin.cli import main\n"
+        f"codes = [main(argv) for argv in {argvs!r}]\n"
+        f"print(codes, sorted(m for m in sys.modules if m.startswith({heavy!r}) and not m.endswith('tiny._index')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{[2] * len(argvs)} []"
+
+
 def test_the_demo_tests_cover_every_family_run_or_refused():
     """Every tiny configuration (every registered family among them) is run by the demo test above, or refused
     with its reason by the one before; and the demo's own list of what it runs is :data:`DEMO_FAMILIES`."""
-    from bridge_freeze_harness.demo_flow import demo_families
+    from bridge_freeze_harness.demo_scope import demo_families
     from bridge_freeze_harness.tiny import TINY_FAMILIES
     from bridge_freeze_plugin.families import REGISTRY
 
