@@ -117,13 +117,8 @@ def run_demo_flow(
     """
     laps = _Laps()
     auto_bridge = _bridge_up()
-    from bridge_freeze_harness.hf_checkpoint import (
-        bridge_load_context,
-        cpu_provider,
-        hf_build_patches,
-        write_tiny_hf_checkpoint,
-    )
-    from bridge_freeze_plugin import last_report, make_freezable
+    from bridge_freeze_harness.hf_checkpoint import hf_build_patches, write_tiny_hf_checkpoint
+    from bridge_freeze_plugin import last_report
 
     laps("import")
     workdir = Path(workdir)
@@ -131,10 +126,7 @@ def run_demo_flow(
     hf_dir = write_tiny_hf_checkpoint(family, workdir / "hf", seed=seed)
     laps("checkpoint")
 
-    with bridge_load_context(family):
-        bridge = auto_bridge.from_hf_pretrained(str(hf_dir))
-    provider = make_freezable(cpu_provider(bridge, family, load_weights=True, **dict(provider_fields or {})),
-                              selection)
+    bridge, provider = _load_freezable(auto_bridge, family, hf_dir, selection, provider_fields)
     cfg = _demo_config(provider, workdir, family, steps, hf_dir, seed, make_peft=make_peft, part_lrs=part_lrs,
                        lr=lr, distributed_optimizer=distributed_optimizer)
     callback = _finetune(cfg, family, on_step)
@@ -154,6 +146,18 @@ def run_demo_flow(
         export_dir=export_dir, losses=list(callback.losses), tensors=tensors, report=last_report(provider),
         learning_rates=learning_rates, seconds=laps.seconds,
     )
+
+
+def _load_freezable(auto_bridge: Any, family: str, hf_dir: Path, selection: Any,
+                    provider_fields: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """``(bridge, provider)``: ``hf_dir`` through ``AutoBridge``, and its CPU provider with ``selection``."""
+    from bridge_freeze_harness.hf_checkpoint import bridge_load_context, cpu_provider
+    from bridge_freeze_plugin import make_freezable
+
+    with bridge_load_context(family):
+        bridge = auto_bridge.from_hf_pretrained(str(hf_dir))
+    provider = cpu_provider(bridge, family, load_weights=True, **dict(provider_fields or {}))
+    return bridge, make_freezable(provider, selection)
 
 
 class _Laps:

@@ -41,9 +41,10 @@ def build(checkpoint: Path, family: str, *, lora: list[str] | None = None, **fie
     """``(bridge, chunks)``: ``checkpoint`` loaded through AutoBridge and built on the CPU with ``fields``."""
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider
+    from bridge_freeze_harness.hf_checkpoint import bridge_load_context, build_hf_chunks, cpu_provider
 
-    bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
+    with bridge_load_context(family):  # Kimi K2.5: AutoConfig knows the stand-in for the hub's config class
+        bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
     provider = cpu_provider(bridge, family, **fields)
     if lora:
         provider.register_pre_wrap_hook(lora_hook(lora))
