@@ -42,6 +42,7 @@ TESTS = (
     "tests/unit/families/test_family_gradients.py",
     "tests/unit/families/test_family_layouts.py",
     "tests/unit/export/test_trainable_sync.py",
+    "tests/unit/prewrap/test_expert_bias.py",
     "tests/unit/export/test_bridge_signatures.py",
 )
 #: The commands run after the tests (``bridge-freeze`` sub-commands).

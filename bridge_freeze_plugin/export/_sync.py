@@ -16,7 +16,8 @@ How (nothing of Bridge's conversion is re-implemented here):
    has ``requires_grad`` (full-rank parts, train patterns); with adapter merging on, a LoRA-wrapped base
    (``...to_wrap.weight``) whose adapters (the ones Bridge's export merges into it,
    ``build_adapter_conversion_tasks``) have ``requires_grad``; a MoE router's ``expert_bias`` buffer that
-   megatron-core updates without gradients (``moe_router_enable_expert_bias`` and not ``frozen_expert_bias``);
+   megatron-core updates without gradients (``moe_router_enable_expert_bias``, a non-zero
+   ``moe_router_bias_update_rate``, and not ``frozen_expert_bias``);
    the running statistics (``running_mean`` / ``running_var`` / ``num_batches_tracked``, persistent buffers Bridge
    maps) of a BatchNorm-like module that a forward in train mode updates: one whose part trains (a frozen part's
    run in eval mode and cannot move: ``prewrap``'s running-statistics rule).
@@ -260,9 +261,9 @@ def _updated_expert_bias(task: Any) -> bool:
     if module is None or getattr(module, "expert_bias", None) is not task.param_weight:
         return False
     config = getattr(module, "config", None)
-    return bool(getattr(config, "moe_router_enable_expert_bias", False)) and not getattr(
-        module, "frozen_expert_bias", False
-    )
+    return (bool(getattr(config, "moe_router_enable_expert_bias", False))
+            and bool(getattr(config, "moe_router_bias_update_rate", 0))
+            and not getattr(module, "frozen_expert_bias", False))
 
 
 def _hf_names(task: Any) -> set[str]:

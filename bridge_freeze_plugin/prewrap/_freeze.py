@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bridge_freeze_plugin.errors import UnclassifiedParameterError
+from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnclassifiedParameterError
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks, named_parameters
 from bridge_freeze_plugin.prewrap._context import BuildContext
@@ -25,6 +25,7 @@ from bridge_freeze_plugin.request import FreezeSelection, PatternSummary, Patter
 logger = logging.getLogger("bridge_freeze_plugin")
 
 _MAX_NAMES_IN_ERROR = 20
+_MAX_ROUTERS_IN_ERROR = 4
 
 #: Set on every parameter the freeze classifies: its part's name (``"language_model"``...,
 #: ``"other"``). An attribute survives Float16Module, DDP and renaming wrappers (identity is kept), so
@@ -68,7 +69,7 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
         if wanted is not None:
             param.requires_grad_(wanted)
             decided[id(param)] = wanted
-    freeze_expert_biases(chunks, decided)
+    freeze_expert_biases(chunks, decided, context)
     kept = keep_frozen_stats(chunks, lambda name, module: _stats_frozen(name, module, decided, context))
     if kept:
         logger.debug("bridge-freeze: %d running-statistics module(s) of frozen parts run in eval mode", kept)
@@ -85,35 +86,81 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     return report, classifier
 
 
-def freeze_expert_biases(chunks: list[Any], decided: dict[int, bool]) -> int:
-    """A MoE router's ``expert_bias`` is frozen with its router (how many were frozen).
+def freeze_expert_biases(chunks: list[Any], decided: dict[int, bool], context: BuildContext) -> int:
+    """A MoE router's ``expert_bias`` is frozen with its router (how many routers were frozen).
 
     megatron-core's ``finalize_model_grads`` updates that buffer after every step from the token counts, with no
-    gradient, unless the router's ``frozen_expert_bias`` is set: a frozen language model's routing would still
-    change. A router whose ``weight`` the selection freezes gets ``frozen_expert_bias = True``; one whose weight
-    trains keeps Bridge's setting. megatron-core before 0.19 (0.18: SkyRL's pin) has no ``frozen_expert_bias``
-    and moves every router's bias (``finalize_model_grads.py:_update_router_expert_bias``): a frozen router's
-    moving bias is then named in a WARNING on rank 0 (the RL weight sync sends it, as it changed).
+    gradient (``bias + sign(mean - tokens) * moe_router_bias_update_rate``): a frozen language model's routing would
+    still change. A router whose ``weight`` the selection freezes gets ``frozen_expert_bias = True`` (megatron-core
+    0.19+); one whose weight trains keeps Bridge's setting. megatron-core 0.18 (SkyRL's pin) has no
+    ``frozen_expert_bias`` and moves every training router's bias by its config's rate: when every router of these
+    chunks is frozen, that rate is set to 0 on the configs ``finalize_model_grads`` reads (the update then adds
+    exactly 0); frozen and moving routers together cannot be honoured there and raise
+    :class:`InvalidFreezeConfigError`. Per rank, as the update is (a pipeline stage updates its own routers).
     """
-    frozen, moving = 0, 0
-    for chunk in chunks:
-        for module in chunk.modules():
+    frozen, moving = _routers(chunks, decided)
+    for _, router in frozen:
+        if hasattr(router, "frozen_expert_bias"):
+            router.frozen_expert_bias = True
+    unflagged = [name for name, router in frozen if not hasattr(router, "frozen_expert_bias")]
+    configs = _bias_configs(chunks, [router for _, router in frozen])
+    if not unflagged or not any(_bias_moves(config) for config in configs):
+        return len(frozen)
+    if moving:
+        raise _mixed_routers(unflagged, [name for name, _ in moving], context)
+    rates = sorted({float(config.moe_router_bias_update_rate) for config in configs if _bias_moves(config)})
+    for config in configs:
+        if hasattr(config, "moe_router_bias_update_rate"):
+            config.moe_router_bias_update_rate = 0.0
+    if is_rank0():
+        logger.info(
+            "bridge-freeze: all %d MoE router(s) with an expert bias are frozen and this megatron-core has no "
+            "frozen_expert_bias: moe_router_bias_update_rate %s -> 0.0 on %d model config(s), so "
+            "finalize_model_grads leaves their expert bias as loaded", len(unflagged),
+            "/".join(f"{rate:g}" for rate in rates), len(configs))
+    return len(frozen)
+
+
+def _routers(chunks: list[Any], decided: dict[int, bool]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """The routers with an expert bias, as (name, module): those whose weight the selection freezes, and the
+    others whose bias megatron-core moves (no ``frozen_expert_bias`` set)."""
+    frozen, moving = [], []
+    for index, chunk in enumerate(chunks):
+        for name, module in chunk.named_modules():
             weight = getattr(module, "weight", None)
-            if getattr(module, "expert_bias", None) is None or weight is None or decided.get(id(weight)) is not False:
+            if getattr(module, "expert_bias", None) is None or weight is None:
                 continue
-            if hasattr(module, "frozen_expert_bias"):
-                module.frozen_expert_bias = True
-                frozen += 1
-            elif getattr(getattr(module, "config", None), "moe_router_enable_expert_bias", False):
-                moving += 1
-    if moving and is_rank0():
-        logger.warning(
-            "bridge-freeze: %d frozen MoE router(s) keep a moving expert bias: this megatron-core has no "
-            "frozen_expert_bias and updates every router's expert_bias after each step from the token counts, so "
-            "the frozen part's routing still changes (the weight sync sends those biases); set "
-            "moe_router_bias_update_rate=0 on the provider to keep them as loaded, or use megatron-core 0.19 or newer",
-            moving)
-    return frozen
+            named = (f"chunk {index}: {name}" if len(chunks) > 1 else name, module)
+            if decided.get(id(weight)) is False:
+                frozen.append(named)
+            elif not getattr(module, "frozen_expert_bias", False):
+                moving.append(named)
+    return frozen, moving
+
+
+def _bias_configs(chunks: list[Any], routers: list[Any]) -> list[Any]:
+    """Every distinct config that can say how an expert bias moves: each chunk's (what ``finalize_model_grads``
+    reads, ``get_model_config(model[0])``: Bridge's provider) and each router's (a copy, for some models)."""
+    found = {id(c): c for c in (getattr(m, "config", None) for m in [*chunks, *routers]) if c is not None}
+    return list(found.values())
+
+
+def _bias_moves(config: Any) -> bool:
+    return bool(getattr(config, "moe_router_enable_expert_bias", False)
+                and getattr(config, "moe_router_bias_update_rate", 0))
+
+
+def _mixed_routers(frozen: list[str], moving: list[str], context: BuildContext) -> InvalidFreezeConfigError:
+    shown = ", ".join(frozen[:_MAX_ROUTERS_IN_ERROR])
+    more = f" (and {len(frozen) - _MAX_ROUTERS_IN_ERROR} more)" if len(frozen) > _MAX_ROUTERS_IN_ERROR else ""
+    return InvalidFreezeConfigError(
+        f"{context.asked} freezes {len(frozen)} MoE router(s) with an expert bias ({shown}{more}) while "
+        f"{len(moving)} other router(s) train (e.g. {', '.join(moving[:2])}), but this megatron-core has no "
+        f"frozen_expert_bias: its finalize_model_grads moves every router's expert bias by one "
+        f"moe_router_bias_update_rate, so the frozen routers' routing would still change. Freeze or train all "
+        f"routers alike, set moe_router_bias_update_rate=0 on the provider (then no expert bias moves), or use "
+        f"megatron-core 0.19 or newer (it has frozen_expert_bias)."
+    )
 
 
 def _stats_frozen(name: str, module: Any, decided: dict[int, bool], context: BuildContext) -> bool | None:

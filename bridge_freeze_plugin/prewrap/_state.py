@@ -15,9 +15,12 @@ What the plugin writes onto Bridge objects, each named and documented:
   ``__bridge_freeze_guarded__``) that raise when a flag is set, since no family covers it;
 - on a **parameter**: ``bridge_freeze_part``, its part's name (Megatron's own convention for parameter
   marks, like ``allreduce`` or ``is_embedding_or_output_parameter``; ``state_dict()``, ``sharded_state_dict()``
-  and exports carry tensors, never these attributes).
+  and exports carry tensors, never these attributes);
+- on a provider **instance**, besides the flags it was given: ``moe_router_bias_update_rate = 0.0`` (Bridge's own
+  config field) when a megatron-core without ``frozen_expert_bias`` would move the expert bias of routers the
+  selection freezes, all of them (``prewrap/_freeze.py``, ``freeze_expert_biases``).
 
-Nothing is written onto a provider **instance** or a model **chunk**. A Bridge provider *is* its model's
+No state of the plugin's is kept on a provider **instance** or a model **chunk**. A Bridge provider *is* its model's
 config: Bridge copies it (``copy.copy``, ``deepcopy``), pickles it, walks its ``__dict__``
 (``remove_non_pickleables`` during HF export, ``to_cfg_dict`` for ``run_config.yaml``), compares and prints it.
 So what the plugin remembers per provider (:class:`ProviderState`: the last report, whether the recompute
