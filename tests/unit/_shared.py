@@ -81,11 +81,10 @@ def stop_forkserver() -> None:
 
 
 def call_in_files(stdout: str, stderr: str, module: str, function: str, *args: Any) -> None:
-    """In a started process: ``module.function(*args)`` with file descriptors 1 and 2 (every print, a child
-    process's too) in the files ``stdout`` and ``stderr`` (one file when they are the same path); the process
-    exits with the function's status as a console script would (its return value, ``SystemExit``, or 1 and the
-    traceback on stderr). Never returns."""
-    import importlib
+    """In a started process: ``module.function(*args)`` (``module``: a name, or a ``.py`` file) with file
+    descriptors 1 and 2 (every print, a child process's too) in the files ``stdout`` and ``stderr`` (one file when
+    they are the same path); the process exits with the function's status as a console script would (its return
+    value, ``SystemExit``, or 1 and the traceback on stderr). Never returns."""
     import os
     import traceback
 
@@ -100,7 +99,7 @@ def call_in_files(stdout: str, stderr: str, module: str, function: str, *args: A
     sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
     code = 1
     try:
-        result = getattr(importlib.import_module(module), function)(*args)
+        result = getattr(_module(module), function)(*args)
         code = result if isinstance(result, int) else 0
     except SystemExit as exc:  # e.g. argparse's usage errors
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -116,6 +115,21 @@ def call_in_files(stdout: str, stderr: str, module: str, function: str, *args: A
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _module(name: str) -> Any:
+    """The module ``name``, or the file ``name`` (a path ending in ``.py``: a test module, loaded under its stem)."""
+    import importlib
+    import importlib.util
+
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(Path(name).stem, name)
+    assert spec is not None and spec.loader is not None, name
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 #: What a training launcher sets; a command the tests start runs without them, as from a user's shell.

@@ -12,8 +12,8 @@ Each case checks that
   among them;
 - the stream is the full export's stream with the rest left out (same order).
 
-Expert parallel 2 (Qwen3-VL-MoE, two gloo processes) runs this file as its worker (``python
-test_trainable_sync.py worker RANK WORLD OUT CHECKPOINT``), started in a module fixture with a hard timeout.
+Expert parallel 2 (Qwen3-VL-MoE, two gloo processes forked from the tests' Bridge server: ``rank_main`` of this
+file) is started in a module fixture, with a hard timeout.
 """
 
 from __future__ import annotations
@@ -21,18 +21,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
-if __name__ == "__main__":  # the EP2 worker: the repository on the path before the harness imports
-    sys.path.insert(0, str(ROOT))
-
-import pytest  # noqa: E402
+import pytest
+from _shared import join_or_kill, start_forked
 
 STEPS = 2
 EP_TIMEOUT_S = 240
@@ -160,8 +154,8 @@ EP_TEST = "test_qwen3_vl_moe_expert_parallel_2"
 
 @pytest.fixture(scope="module", autouse=True)
 def ep2_started(request, tmp_path_factory):
-    """Start the EP2 workers before the first test of this module when the EP2 test is selected: their imports of
-    Megatron-Bridge (most of their time) overlap the single-process cases. Killed at teardown if still running."""
+    """Start the EP2 workers before the first test of this module when the EP2 test is selected: they run while
+    the single-process cases do. Killed at teardown if still running."""
     if not any(getattr(item, "originalname", item.name) == EP_TEST for item in request.session.items):
         yield None
         return
@@ -169,16 +163,13 @@ def ep2_started(request, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ep2")
     checkpoint = write_tiny_hf_checkpoint("qwen3_vl_moe", out / "checkpoint", seed=0)
-    procs = start_ep2(checkpoint, out)
+    procs = start_ep2(request.getfixturevalue("bridge_forkserver"), checkpoint, out)
     yield procs, out
-    for proc in procs:  # only the processes started here
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    join_or_kill(procs, 0)  # only the processes started here, if still running
 
 
 @pytest.fixture(scope="module")
-def ep2(ep2_started) -> dict[Any, Any]:
+def ep2(ep2_started, bridge_forkserver) -> dict[Any, Any]:
     procs, out = ep2_started
     return collect_ep2(procs, out)
 
@@ -362,35 +353,31 @@ def test_qwen3_vl_moe_expert_parallel_2(ep2):
     assert ep2["ranks"][0]["sent_names"] == ep2["ranks"][1]["sent_names"]
 
 
-def start_ep2(checkpoint: Path, out: Path, world: int = 2) -> list[subprocess.Popen[str]]:
+def start_ep2(forkserver: Any, checkpoint: Path, out: Path, world: int = 2) -> list[Any]:
+    """The EP ``world`` ranks (:func:`rank_main`), forked from the Bridge server, each logging to ``rank<N>.log``."""
     from bridge_freeze_harness.cpu_runtime import free_port
 
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return [subprocess.Popen([sys.executable, __file__, "worker", str(rank), str(world), str(out), str(checkpoint)],
-                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for rank in range(world)]
+    port = free_port()
+    return [start_forked(forkserver, out / f"rank{rank}.log", out / f"rank{rank}.log", __file__, "rank_main", rank,
+                         world, str(out), str(checkpoint), port) for rank in range(world)]
 
 
-def collect_ep2(procs: list[subprocess.Popen[str]], out: Path) -> dict[str, Any]:
-    """Wait for the workers (EP_TIMEOUT_S from now at most; then all are killed); their results and logs."""
-    deadline = time.monotonic() + EP_TIMEOUT_S
-    logs, hung = [], []
-    for rank, proc in enumerate(procs):
-        try:
-            log, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hung.append(rank)
-            for other in procs:
-                if other.poll() is None:
-                    other.kill()
-            log, _ = proc.communicate()
-        logs.append(log)
+def collect_ep2(procs: list[Any], out: Path) -> dict[str, Any]:
+    """Wait for the workers (EP_TIMEOUT_S at most; then those still running are killed); their results and logs."""
+    hung = join_or_kill(procs, EP_TIMEOUT_S)
+    logs = [(out / f"rank{rank}.log").read_text() if (out / f"rank{rank}.log").exists() else ""
+            for rank in range(len(procs))]
     ranks = {rank: json.loads((out / f"rank{rank}.json").read_text())
              for rank in range(len(procs)) if (out / f"rank{rank}.json").exists()}
     return {"ranks": ranks, "hung": hung, "logs": logs}
+
+
+def rank_main(rank: int, world: int, out: str, checkpoint: str, port: int) -> None:
+    """One EP rank, in a process forked from the Bridge server (which has none of a launcher's variables)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(name, None)
+    _worker(rank, world, Path(out), Path(checkpoint))
 
 
 def _worker(rank: int, world: int, out: Path, checkpoint: Path) -> None:
@@ -414,6 +401,3 @@ def _worker(rank: int, world: int, out: Path, checkpoint: Path) -> None:
         result = {"traceback": traceback.format_exc()}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
-
-if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
-    _worker(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))

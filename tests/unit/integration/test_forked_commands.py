@@ -44,3 +44,27 @@ def test_a_forked_command_runs_its_exit_work(bridge_forkserver, tmp_path):
     if leftover:  # not left to hold pytest's output open
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"the Manager process {pid} outlived the command"
+
+
+def test_every_file_using_the_bridge_server_is_scheduled_with_the_others():
+    """Under ``make test`` (pytest-xdist, --dist loadfile) the files that use the Bridge server are one scheduling
+    unit (tests/conftest.py, ``FORKSERVER_FILES``), so that one worker starts it; a file missing from that list
+    starts a second server (another Bridge import, about 15 CPU-seconds) in the other worker."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("_top_conftest", tests / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    users = set()
+    for path in sorted((tests / "unit").rglob("test_*.py")):
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        names = {n.id for n in nodes if isinstance(n, ast.Name)} | {n.arg for n in nodes if isinstance(n, ast.arg)}
+        names |= {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}  # getfixturevalue
+        if names & {"bridge_forkserver", "forked_command"}:
+            users.add(path.name)
+    assert {"test_cli.py", "test_distributed.py", "test_refit_info.py", "test_trainable_sync.py"} <= users
+    assert users <= conftest.FORKSERVER_FILES, users - conftest.FORKSERVER_FILES
