@@ -127,6 +127,7 @@ def make_provider(**overrides: Any) -> Any:
         activation_func=EagerActivation(nemotron_omni_provider.NemotronOmniModelProvider.activation_func.__name__),
         first_last_layers_bf16=False,
         cross_entropy_loss_fusion=False,
+        dynamic_resolution=True,  # as Bridge's converter sets it (0.6.0's field defaults to False; 0.6.2 fixes True)
         **_contract(nemotron_omni_provider),
     )
     return finalized(provider, **overrides)
