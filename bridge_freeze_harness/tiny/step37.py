@@ -61,14 +61,22 @@ def vision_config() -> Any:
     return Step37VisionConfig(width=64, layers=2, heads=4, image_size=32, patch_size=4, mlp_ratio=2.0)
 
 
+def _step35_layer_spec() -> Any:
+    """The layer spec Bridge's Step-3.5 converter sets: ``build_step35_layer_spec``, or the same function under
+    the private name an older Bridge gives it (``_build_step35_layer_spec``: 91a15142, SkyRL's pin)."""
+    from megatron.bridge.models.stepfun import step35_bridge
+
+    public = getattr(step35_bridge, "build_step35_layer_spec", None)
+    return public if public is not None else step35_bridge._build_step35_layer_spec
+
+
 def make_provider(**overrides: Any) -> Any:
-    from megatron.bridge.models.stepfun.step35_bridge import build_step35_layer_spec
     from megatron.bridge.models.stepfun.step37_provider import Step37ModelProvider
 
     provider = Step37ModelProvider(
         **TINY_LM,
         **TINY_TEXT,
-        transformer_layer_spec=build_step35_layer_spec,
+        transformer_layer_spec=_step35_layer_spec(),
         vision_config=vision_config(),
     )
     return finalized(provider, **overrides)
