@@ -248,12 +248,19 @@ def make_provider(**overrides: Any) -> Any:
         moe_aux_loss_coeff=1e-3,
         vision_config=vc,
         hf_model_path=path,
-        trust_remote_code=True,
+        **_trust_remote_code(KimiK25VLModelProvider),
         image_token_id=MEDIA_PLACEHOLDER_TOKEN_ID,
         media_placeholder_token_id=MEDIA_PLACEHOLDER_TOKEN_ID,
         pad_token_id=PAD_TOKEN_ID,
     )
     return finalized(provider, **overrides)
+
+
+def _trust_remote_code(provider_class: type) -> dict[str, bool]:
+    """``trust_remote_code=True`` where the provider has the field (0.6.2 refuses remote code without it); nothing
+    where it does not (0.6.0's model always loads the repository's code, which the harness answers offline)."""
+    fields = getattr(provider_class, "__dataclass_fields__", {})
+    return {"trust_remote_code": True} if "trust_remote_code" in fields else {}
 
 
 def train_batch(provider: Any, spec: TrainSpec, batch_size: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
