@@ -23,6 +23,11 @@ module: the index (:mod:`._index`) is derived from the modules themselves. A fam
   Hugging Face checkpoint recipe), or ``NO_HF_CHECKPOINT`` (a dict literal: configuration name -> why none can be
   written here, read from the source);
   collected by :mod:`bridge_freeze_harness.hf_checkpoint`;
+- ``BRIDGE_NEEDS`` (optional, a dict literal: configuration name -> ``{"module:attr.path": "what it is for"}``,
+  alternatives joined by ``" | "``): what the installed Bridge must have to build the configuration; where one is
+  absent, :func:`make_provider` raises :class:`BridgeLacks` and :func:`bridge_lacks` gives the one-line reason (a
+  test skips with it). Only for what an older Bridge lacks (a provider module, a field): the harness adapts where
+  it can;
 - ``FORWARD_STEPS`` (optional, a dict: configuration name -> the
   :class:`~bridge_freeze_harness.cpu_training.BridgeStep` that trains it in Bridge's loop; default: ``vlm_step``'s),
   collected by :func:`bridge_freeze_harness.cpu_training.forward_step_of`.
@@ -41,7 +46,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from bridge_freeze_harness.tiny._index import TinyIndex, entry, module_of
+from bridge_freeze_harness.tiny._index import BridgeLacks, TinyIndex, bridge_lacks, entry, module_of
 
 #: tiny configuration name -> family module name (derived from the modules; read-only).
 TINY_FAMILIES: TinyIndex = TinyIndex()
@@ -88,6 +93,8 @@ def make_provider(name: str, device: str = "cpu", **overrides: Any) -> Any:
         overrides.setdefault("use_cpu_initialization", False)
     else:
         init_cpu_distributed()
+    if (lacks := bridge_lacks(name)) is not None:
+        raise BridgeLacks(lacks)
     return getattr(family_module(name), entry(name).factory)(**overrides)
 
 

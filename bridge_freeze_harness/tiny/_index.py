@@ -12,6 +12,8 @@ The rest of the protocol (patches, training, the HF checkpoint recipe, the forwa
 module; see the package docstring. :class:`Declared` collects one of its per-configuration tables (``HF_CHECKPOINTS``,
 ``NO_HF_CHECKPOINT``, ``FORWARD_STEPS``) from every family module; ``NO_HF_CHECKPOINT`` (reasons, a literal) is read
 from the source as ``CONFIGS`` and ``FAMILY`` are, so that listing the families without a checkpoint imports nothing.
+``BRIDGE_NEEDS`` (a literal too) says what the installed Bridge must have to build a configuration
+(:func:`bridge_lacks`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 PACKAGE = "bridge_freeze_harness.tiny"
 _DIR = Path(__file__).resolve().parent
 #: The module-level literals read from a family module's source.
-_LITERALS = ("CONFIGS", "FAMILY", "NO_HF_CHECKPOINT")
+_LITERALS = ("CONFIGS", "FAMILY", "NO_HF_CHECKPOINT", "BRIDGE_NEEDS")
 
 
 @dataclass(frozen=True)
@@ -186,3 +188,49 @@ class Declared(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"Declared({self.attr!r}: {sorted(self)!r})"
+
+
+_ABSENT = object()
+
+
+class BridgeLacks(RuntimeError):
+    """The installed Bridge cannot build a tiny configuration (:func:`bridge_lacks` says why)."""
+
+
+def present(need: str) -> bool:
+    """Whether ``"package.module:Name.attr"`` exists in the installed packages (the part after ``:`` optional).
+
+    A module that is not there, an attribute that is not there or is ``None`` (an optional import that failed)
+    is absent; a dataclass field is present whatever its default. An import that fails for another reason than
+    the named module's absence raises: that is a bug to see, not a missing feature.
+    """
+    module, _, path = need.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and (module == error.name or module.startswith(error.name + ".")):
+            return False
+        raise
+    for attr in path.split(".") if path else ():
+        if attr in getattr(found, "__dataclass_fields__", {}):
+            found = getattr(found, attr, None)  # a field: present, whatever its default
+            continue
+        found = getattr(found, attr, _ABSENT)
+        if found is _ABSENT or found is None:
+            return False
+    return True
+
+
+def bridge_lacks(name: str) -> str | None:
+    """Why the installed Bridge (or a library its model code calls) cannot build tiny configuration ``name``, in
+    one line, or ``None``.
+
+    A family module declares ``BRIDGE_NEEDS = {"<config>": {"<need>": "<what it is for>", ...}}`` (a literal):
+    each need is ``"module:attr.path"``, or alternatives joined by ``" | "`` (one present is enough); the first
+    need with nothing present is the reason. Detected by what exists, never by a version number.
+    """
+    for need, why in declared("BRIDGE_NEEDS").get(name, {}).items():
+        options = [option.strip() for option in need.split("|")]
+        if not any(present(option) for option in options):
+            return f"the installed Bridge cannot build {name}: no {' or '.join(options)} ({why})"
+    return None

@@ -32,6 +32,14 @@ from bridge_freeze_harness.tiny._common import TINY_LM, finalized, local_mtp_blo
 
 REAL = True
 
+#: What the installed Bridge must have to build this family (``tiny.bridge_lacks``; SkyRL's pin 91a15142 has no
+#: EXAONE 4.5).
+BRIDGE_NEEDS = {
+    "exaone45_vl": {
+        "megatron.bridge.models.exaone.exaone45.exaone45_provider:Exaone45ModelProvider": "the EXAONE 4.5 provider",
+    },
+}
+
 _VOCAB = TINY_LM["vocab_size"]
 _HIDDEN = TINY_LM["hidden_size"]
 

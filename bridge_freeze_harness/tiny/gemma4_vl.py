@@ -34,6 +34,15 @@ from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 
+#: What the installed Bridge must have to build this family (``tiny.bridge_lacks``): without the ``audio_config``
+#: field (SkyRL's pin 91a15142) Bridge builds Gemma 4 without its audio tower, two of the family's parts.
+BRIDGE_NEEDS = {
+    "gemma4_vl": {
+        "megatron.bridge.models.gemma_vl.gemma4_vl_provider:Gemma4VLModelProvider.audio_config":
+            "the provider field for Gemma 4's audio tower",
+    },
+}
+
 TINY_VISION_HIDDEN = 32
 TINY_AUDIO_HIDDEN = 32
 #: MoE sizes (the shared expert uses TINY_LM's ffn_hidden_size).

@@ -29,6 +29,14 @@ from bridge_freeze_harness.tiny._common import TINY_LM, TINY_MOE_WITH_SHARED_EXP
 
 REAL = True
 
+#: What the installed Bridge must have to build this family (``tiny.bridge_lacks``; SkyRL's pin 91a15142 has no
+#: MiniMax-M3).
+BRIDGE_NEEDS = {
+    "minimax_m3_vl": {
+        "megatron.bridge.models.minimax_m3.minimax_m3_bridge:MiniMaxM3VLModelProvider": "the MiniMax-M3-VL provider",
+    },
+}
+
 #: Field names of the checkpoint's ``vision_config`` (a plain dict is accepted by the model).
 TINY_VISION: dict[str, Any] = {
     "hidden_size": 64,

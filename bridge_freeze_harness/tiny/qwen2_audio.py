@@ -27,6 +27,18 @@ from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 
 REAL = True
 
+#: What the installed Bridge must have to build this family (``tiny.bridge_lacks``): ``Qwen2AudioModel.__init__``
+#: binds transformers' ``_merge_input_ids_with_audio_features``, which transformers 5 dropped from
+#: ``Qwen2AudioForConditionalGeneration``; a Bridge that finds it elsewhere has ``_QWEN2_AUDIO_MERGE_METHOD``
+#: (SkyRL's pin 91a15142 looks only there, and fails at build).
+BRIDGE_NEEDS = {
+    "qwen2_audio": {
+        "megatron.bridge.models.qwen_audio.modeling_qwen2_audio:_QWEN2_AUDIO_MERGE_METHOD"
+        " | transformers:Qwen2AudioForConditionalGeneration._merge_input_ids_with_audio_features":
+            "the transformers merge method Bridge's Qwen2AudioModel binds",
+    },
+}
+
 #: HF audio encoder sizes (``Qwen2AudioEncoderConfig`` fields); no dropout, no layer drop.
 TINY_AUDIO: dict[str, Any] = {
     "d_model": 32,

@@ -68,6 +68,54 @@ def test_every_configuration_either_trains_or_says_why_not():
         assert (name in train.TRAIN_SPECS) == has_spec
 
 
+def test_a_needed_feature_is_found_by_what_exists(tmp_path, monkeypatch):
+    (tmp_path / "needs_probe.py").write_text(
+        textwrap.dedent(
+            """
+            import dataclasses
+
+            OPTIONAL = None  # an optional import that failed
+
+            @dataclasses.dataclass
+            class Provider:
+                plain: int = 0
+                listed: list = dataclasses.field(default_factory=list)
+                nothing: object = None
+            """
+        )
+    )
+    (tmp_path / "needs_broken.py").write_text("import no_such_dependency_of_a_present_module\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    present = _index.present
+    assert present("needs_probe") and present("needs_probe:Provider")
+    assert present("needs_probe:Provider.plain") and present("needs_probe:Provider.listed")
+    assert present("needs_probe:Provider.nothing")  # a field is there whatever its default
+    assert not present("needs_probe:Provider.absent") and not present("needs_probe:OPTIONAL")
+    assert not present("needs_probe:Absent.attr") and not present("needs_probe_absent:X")
+    assert not present("needs_probe.sub:X") and not present("no_such_package.module")
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_of_a_present_module"):
+        present("needs_broken:X")  # a present module that fails to import is a bug to see, not an absent feature
+
+
+def test_bridge_lacks_names_the_first_need_with_no_option_present(monkeypatch, cpu_bridge):
+    from bridge_freeze_harness import tiny
+
+    table = {"qwen25_vl": {"json:dumps": "found", "json:absent_a | os:absent_b": "the reason", "json:absent_c": "no"}}
+    monkeypatch.setattr(_index, "declared", lambda attr: table if attr == "BRIDGE_NEEDS" else {})
+    reason = "the installed Bridge cannot build qwen25_vl: no json:absent_a or os:absent_b (the reason)"
+    assert tiny.bridge_lacks("qwen25_vl") == reason and tiny.bridge_lacks("qwen3_vl") is None
+    with pytest.raises(tiny.BridgeLacks, match="absent_a or os:absent_b"):
+        tiny.make_provider("qwen25_vl")
+    table["qwen25_vl"] = {"json:absent_a | json:dumps": "one option is enough"}
+    assert tiny.bridge_lacks("qwen25_vl") is None
+
+
+def test_the_pinned_bridge_has_everything_the_family_modules_declare_they_need(cpu_bridge):
+    declared = _index.declared("BRIDGE_NEEDS")
+    assert {"exaone45_vl", "gemma4_vl", "minimax_m3_vl", "qwen2_audio"} <= set(declared)  # read from the sources
+    assert {name: _index.bridge_lacks(name) for name in EXPECTED_CONFIGS} == dict.fromkeys(EXPECTED_CONFIGS)
+
+
 def _nemotron_names() -> tuple[object, object]:
     from megatron.bridge.models.nemotron_vl import nemotron_vl_provider
 
