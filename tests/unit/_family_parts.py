@@ -118,6 +118,9 @@ _OTHER_FIRST = {"qwen2_audio", "exaone45_vl"}
 #: Parameters that train but that the forward never reads (no gradient ever reaches them).
 NEVER_READ = {
     "qwen25_omni": r"thinker\.audio_model\.audio_bos_eos_token\.",
+    # SigLIP's pooling head, only where the installed Bridge builds it (91a15142 keeps vision_use_head; 0.6.2 drops
+    # it, so nothing matches there): the tower computes the pooled output, Gemma3-VL's forward discards it.
+    "gemma3_vl": r"vision_tower\.head\.",
 }
 
 
