@@ -137,3 +137,23 @@ def test_a_provider_class_this_bridge_lacks_is_said_once_at_debug(cpu_bridge, ca
     said = [r for r in caplog.records if absent in r.getMessage()]
     assert [r.levelno for r in said] == [logging.DEBUG]
     assert "absent_provider_probe" in said[0].getMessage()
+
+
+def test_a_provider_module_this_bridge_lacks_is_never_imported_and_says_nothing(cpu_bridge, caplog):
+    """A family whose whole provider module is absent (EXAONE 4.5 and MiniMax-M3 on SkyRL's pin 91a15142): the
+    plugin only watches for its import, so activation neither fails nor logs."""
+    import importlib.util
+    import logging
+
+    module = "megatron.bridge.models.no_such_family_in_this_bridge.provider"
+    with caplog.at_level(logging.DEBUG, logger="bridge_freeze_plugin"):
+        bfp.register_family("absent_module_probe", providers=[f"{module}:NoSuchVLProvider"],
+                            language_model=["language_model"], vision_model=["vision_model"])
+        try:
+            bfp.deactivate()
+            bfp.activate()
+            assert importlib.util.find_spec("megatron.bridge.models.no_such_family_in_this_bridge") is None
+        finally:
+            bfp.families.REGISTRY.unregister("absent_module_probe")
+            bfp.activate()
+    assert [r.getMessage() for r in caplog.records if "no_such_family_in_this_bridge" in r.getMessage()] == []
