@@ -35,11 +35,13 @@ from bridge_freeze_harness.tiny._common import TINY_LM, finalized
 REAL = True
 
 #: What the installed Bridge must have to build this family (``tiny.bridge_lacks``): without the ``audio_config``
-#: field (SkyRL's pin 91a15142) Bridge builds Gemma 4 without its audio tower, two of the family's parts.
+#: field (SkyRL's pin 91a15142) Bridge builds Gemma 4 without its audio tower, two of the family's parts; that
+#: Bridge has no ``modeling_gemma4`` either (the block spec the CPU patches wrap).
 BRIDGE_NEEDS = {
     "gemma4_vl": {
         "megatron.bridge.models.gemma_vl.gemma4_vl_provider:Gemma4VLModelProvider.audio_config":
             "the provider field for Gemma 4's audio tower",
+        "megatron.bridge.models.gemma.modeling_gemma4:_gemma4_block_spec": "Gemma 4's layer spec",
     },
 }
 
