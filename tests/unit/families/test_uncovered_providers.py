@@ -33,7 +33,9 @@ def _bridge_provider_classes_with_a_flag():
         fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
         # A private base (Bridge 0.7.0's _NemotronOmniModelProviderBase declares freeze_sound_*) is nobody's
         # provider: its public subclasses, which inherit its flags, are checked instead.
-        if cls.__module__.startswith("megatron.bridge.") and fields & set(bfp.FLAGS) and not _private(cls):
+        # Only what the walk imports: another test may already have imported (or stood in for) a provider outside
+        # megatron.bridge.models (the diffusion LM of test_freeze_providers_listing), which __subclasses__ then sees.
+        if cls.__module__.startswith("megatron.bridge.models.") and fields & set(bfp.FLAGS) and not _private(cls):
             found.append(cls)
     return found
 
