@@ -17,6 +17,7 @@ from dataclasses import dataclass
 # The projection pattern is checked first: in the Qwen and GLM families it lives inside the vision module.
 _QWEN3 = (r"language_model\.", r"vision_model\.", r"vision_model\.(merger|decoder\.deepstack_merger_list)\.", None)
 _LLAVA = r"llava_model\."
+_OMNI = r"(?:llava_model\.)?"
 
 _VLM: dict[str, tuple[str, str, str, str | None]] = {
     "qwen25_vl": (r"language_model\.", r"visual\.", r"visual\.merger\.", None),
@@ -58,10 +59,11 @@ _AUDIO: dict[str, dict[str, str]] = {
     "gemma4_vl": {"language_model": r"language_model\.", "vision_model": r"vision_tower\.",
                   "vision_projection": r"embed_vision\.", "audio_model": r"audio_tower\.",
                   "audio_projection": r"embed_audio\."},
-    # Nemotron-VL's LLaVA layout plus the sound encoder and its projection.
-    "nemotron_omni": {"language_model": _LLAVA + r"language_model\.", "vision_model": _LLAVA + r"vision_model\.",
-                      "vision_projection": _LLAVA + r"vision_projection\.", "audio_model": _LLAVA + r"sound_model\.",
-                      "audio_projection": _LLAVA + r"sound_projection\."},
+    # Nemotron-VL's LLaVA layout plus the sound encoder and its projection; Bridge 0.7.0's provider builds the same
+    # modules at the top level (its legacy provider keeps llava_model.*).
+    "nemotron_omni": {"language_model": _OMNI + r"language_model\.", "vision_model": _OMNI + r"vision_model\.",
+                      "vision_projection": _OMNI + r"vision_projection\.", "audio_model": _OMNI + r"sound_model\.",
+                      "audio_projection": _OMNI + r"sound_projection\."},
     # Only the thinker is built (Bridge drops the talker and the vocoder).
     "qwen25_omni": {"language_model": r"thinker\.language_model\.", "vision_model": r"thinker\.visual\.",
                     "vision_projection": r"thinker\.visual\.merger\.", "audio_model": r"thinker\.audio_model\.",
