@@ -140,6 +140,15 @@ def _contract(module: Any) -> dict[str, str]:
     return {} if name is None else {"nemotron_omni_contract": name}
 
 
+def _expanded(provider: Any) -> bool:
+    """Bridge 0.7.0's expanded-sequence model wants one image placeholder per projected feature (its processor
+    expands them); the LLaVA path (0.6.x, and 0.7.0's legacy provider) one placeholder per image, which it expands."""
+    from megatron.bridge.models.nemotron_omni import nemotron_omni_provider
+
+    name = getattr(nemotron_omni_provider, "NEMOTRON_OMNI_EXPANDED_SEQUENCE_CONTRACT", None)
+    return name is not None and getattr(provider, "nemotron_omni_contract", None) == name
+
+
 def forward_inputs(provider: Any, batch_size: int = 1, seed: int = 0) -> dict[str, Any]:
     """``model(**inputs)`` keywords: ``bos text <image> text <sound>*4 text eos`` per row, one image and one
     sound clip per row. The image goes the packed dynamic-resolution way (``imgs_sizes`` +
@@ -155,15 +164,18 @@ def omni_batch(provider: Any, spec: Any, batch_size: int, gen: torch.Generator) 
 
     image, sound = TOKEN_IDS["image_token_index"], TOKEN_IDS["sound_context_token_id"]
     low, high = 3, min(TOKEN_IDS.values())
+    patches = (IMAGE_SIZE // PATCH) ** 2
+    features = patches // 4  # the pixel shuffle's projected features per image
+    placeholders = features if _expanded(provider) else 1
     rows = [
-        token_row([BOS, random_text(gen, 4, low, high), image, random_text(gen, 4, low, high),
-                   torch.full((SOUND_TOKENS,), sound), random_text(gen, 4, low, high), EOS])
+        token_row([BOS, random_text(gen, 4, low, high), torch.full((placeholders,), image),
+                   random_text(gen, 4, low, high), torch.full((SOUND_TOKENS,), sound), random_text(gen, 4, low, high),
+                   EOS])
         for _ in range(batch_size)
     ]
     input_ids = torch.stack(rows)
     labels, loss_mask = next_token_targets(input_ids, EOS, [image, sound])
-    patches = (IMAGE_SIZE // PATCH) ** 2
-    combined = input_ids.shape[1] - 1 + patches // 4  # the image token becomes its pixel-shuffled embeddings
+    combined = input_ids.shape[1] - placeholders + features  # a legacy image token becomes its features
     cu = torch.arange(batch_size + 1, dtype=torch.int32) * patches
     dtype = provider.params_dtype
     return {
@@ -182,6 +194,13 @@ def omni_batch(provider: Any, spec: Any, batch_size: int, gen: torch.Generator) 
         ),
         "sound_length": torch.full((batch_size,), SOUND_FRAMES),
     }
+
+
+def omni_loss(output: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """The LLaVA path returns ``(per-token loss, its mask)`` over the expanded sequence (:func:`llava_loss`);
+    Bridge 0.7.0's expanded-sequence model the per-token loss alone, aligned with the batch's own ``loss_mask``
+    (a pair only where it shards for context parallelism)."""
+    return llava_loss(output if isinstance(output, tuple) else (output, batch["loss_mask"]), batch)
 
 
 @contextlib.contextmanager
@@ -257,7 +276,7 @@ def _omni_step_batch(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 #: Trains here with an image and a sound clip per row (:func:`omni_batch`), its Mamba layers on the CPU scan.
-TRAIN_SPECS = {"nemotron_omni": TrainSpec(token_ids=TOKEN_IDS, make_batch=omni_batch, loss=llava_loss,
+TRAIN_SPECS = {"nemotron_omni": TrainSpec(token_ids=TOKEN_IDS, make_batch=omni_batch, loss=omni_loss,
                                           projection_prefixes=("llava_model.vision_projection.",))}
 
 #: In Bridge's loop it trains through Bridge's own ``nemotron_omni_step``, which casts the media to bfloat16 (a GPU
