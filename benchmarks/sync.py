@@ -65,8 +65,7 @@ def _build(checkpoint: Path, flags: dict[str, bool], lora: bool) -> tuple[Any, l
     import torch
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_harness.hf_checkpoint import cpu_provider
-    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider
     from bridge_freeze_harness.train import train_steps
 
     with quiet():
@@ -83,7 +82,7 @@ def _build(checkpoint: Path, flags: dict[str, bool], lora: bool) -> tuple[Any, l
                 return model
 
             provider.register_pre_wrap_hook(peft_hook)
-        chunks = build_tiny_chunks(FAMILY, provider=provider)
+        chunks = build_hf_chunks(FAMILY, provider)
         torch.manual_seed(0)
         train_steps(chunks[0], FAMILY, provider, steps=STEPS)
     return bridge, chunks

@@ -7,6 +7,7 @@ megatron-core's local backend builds them (:func:`grouped_experts_on_cpu`, used 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -107,3 +108,23 @@ def grouped_experts_on_cpu() -> Iterator[None]:
 
     with patched([(LocalSpecProvider, "grouped_mlp_modules", grouped_mlp_modules)]):
         yield
+
+
+@functools.cache
+def bridge_maps_experts_only_grouped(model_class: str) -> bool:
+    """Whether the installed Bridge's conversion of transformers' ``model_class`` maps routed experts only under
+    their grouped-GEMM names (``experts.linear_fc1.weight*``), never as ``local_experts.<n>``: found in its mapping
+    registry, never by version. Bridge 0.6.0 (SkyRL's pin) maps Qwen3-VL-MoE and Qwen3.5-VL-MoE so, 0.6.2 both ways.
+    ``False`` where the registry cannot be read without a checkpoint (the family then declares what it needs)."""
+    import transformers
+    from megatron.bridge.models.conversion.model_bridge import get_model_bridge
+
+    cls = getattr(transformers, model_class, None)
+    if cls is None:
+        return False
+    try:
+        patterns = [str(m.megatron_param) for m in get_model_bridge(cls).mapping_registry().mappings]
+    except (AttributeError, NotImplementedError):  # a registry that reads the checkpoint; no bridge for the class
+        return False
+    grouped = any(".experts.linear_fc" in p for p in patterns)
+    return grouped and not any(".local_experts." in p for p in patterns)

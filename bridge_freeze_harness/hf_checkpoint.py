@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from bridge_freeze_harness._grouped_experts import grouped_experts_on_cpu
+from bridge_freeze_harness._grouped_experts import bridge_maps_experts_only_grouped, grouped_experts_on_cpu
 from bridge_freeze_harness._hf_configs import HFFamily
 from bridge_freeze_harness.cpu_runtime import CPU_FUSIONS_OFF
 from bridge_freeze_harness.tiny._common import TINY_LM
@@ -76,6 +76,14 @@ HF_FAMILIES: Mapping[str, HFFamily] = Declared("HF_CHECKPOINTS")
 #: tiny configuration name -> why no HF checkpoint of it can be written here (measured, one line each): each family
 #: module's ``NO_HF_CHECKPOINT``, collected on first use.
 NO_HF_CHECKPOINT: Mapping[str, str] = Declared("NO_HF_CHECKPOINT")
+
+
+def grouped_experts(name: str) -> bool:
+    """Whether tiny configuration ``name``'s converted provider builds its routed experts as grouped GEMM
+    (:func:`grouped_experts_on_cpu`): where the family declares it, or where the installed Bridge maps its experts
+    only under grouped-GEMM names (a ``SequentialMLP`` would load nothing: ``No mapping found``)."""
+    family = hf_family(name)
+    return family.grouped_experts or bridge_maps_experts_only_grouped(family.model_class)
 
 
 def hf_family(name: str) -> HFFamily:
@@ -225,7 +233,7 @@ def cpu_provider(bridge: Any, family: str, *, load_weights: bool = True, **field
     settings: dict[str, Any] = dict(_CPU_FIELDS)
     if getattr(provider, "num_moe_experts", None):
         settings.update(_CPU_MOE)
-        settings["moe_grouped_gemm"] = hf_family(family).grouped_experts
+        settings["moe_grouped_gemm"] = grouped_experts(family)
     settings.update(hf_family(family).cpu_fields(provider))
     if cannot_train_reason(family) is None:
         spec = train_spec(family)
@@ -246,7 +254,7 @@ def cpu_provider(bridge: Any, family: str, *, load_weights: bool = True, **field
 def hf_build_patches(family: str) -> Iterator[None]:
     """What a build of a provider converted from ``family``'s checkpoint needs besides the tiny build context."""
     with contextlib.ExitStack() as stack:
-        if hf_family(family).grouped_experts:
+        if grouped_experts(family):
             stack.enter_context(grouped_experts_on_cpu())
         yield
 

@@ -33,14 +33,13 @@ def checkpoints(tmp_path_factory, cpu_bridge) -> Callable[[str], Path]:
 def _built(checkpoint: Path, family: str, hook: Any = None, **fields: Any) -> tuple[Any, list[Any]]:
     from megatron.bridge import AutoBridge
 
-    from bridge_freeze_harness.hf_checkpoint import cpu_provider
-    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider
 
     bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
     provider = cpu_provider(bridge, family, **fields)
     if hook is not None:
         provider.register_pre_wrap_hook(hook)
-    return bridge, build_tiny_chunks(family, provider=provider)
+    return bridge, build_hf_chunks(family, provider)
 
 
 def test_another_models_bridge_is_refused_naming_a_trainable_parameter(checkpoints):

@@ -67,8 +67,7 @@ def train_and_export(checkpoint: Path, family: str, *, lora: list[str] | None = 
     from megatron.bridge import AutoBridge
     from safetensors.torch import load_file
 
-    from bridge_freeze_harness.hf_checkpoint import cpu_provider
-    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider
     from bridge_freeze_harness.train import train_steps
     from bridge_freeze_plugin import export_trainable_hf_weights
 
@@ -76,7 +75,7 @@ def train_and_export(checkpoint: Path, family: str, *, lora: list[str] | None = 
     provider = cpu_provider(bridge, family, **fields)
     if lora:
         provider.register_pre_wrap_hook(lora_hook(lora))
-    chunks = build_tiny_chunks(family, provider=provider)
+    chunks = build_hf_chunks(family, provider)
     if after_build is not None:
         after_build(chunks)
     torch.manual_seed(0)
@@ -333,10 +332,23 @@ def test_an_fp8_export_and_conflicting_arguments_are_refused(checkpoints):
 #: under EP2 rank 0 holds experts 0-1 (local 0-1), rank 1 experts 2-3 (local 0-1). Each pattern below trains an
 #: expert that only ONE rank holds, so the other rank must still take part in exporting that layer's experts
 #: (Bridge gathers them over the EP group: a rank that skipped the task would leave its peer waiting).
-EP_PATTERNS = [r"language_model\.decoder\.layers\.0\.mlp\.experts\.local_experts\.1\.linear_fc1",  # rank 0
-               r"language_model\.decoder\.layers\.1\.mlp\.experts\.local_experts\.2\.linear_fc2"]  # rank 1
-EP_TRAINABLE_LOCAL = {0: ["language_model.decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"],
-                      1: ["language_model.decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight"]}
+#: The experts' names: ``local_experts.<n>.linear_fc1.weight`` (SequentialMLP, the CPU build), or
+#: ``linear_fc1.weight<n>`` (grouped GEMM) where the installed Bridge maps Qwen3-VL-MoE's experts only so
+#: (Bridge 0.6.0, SkyRL's pin: ``hf_checkpoint.grouped_experts``).
+_SEQUENTIAL = "language_model.decoder.layers.{layer}.mlp.experts.local_experts.{n}.{linear}.weight"
+_GROUPED = "language_model.decoder.layers.{layer}.mlp.experts.{linear}.weight{n}"
+_EP_EXPERTS = [(0, "linear_fc1", 1, 1), (1, "linear_fc2", 2, 0)]  # layer, linear, global number, local on its rank
+
+
+def ep_names(grouped: bool) -> tuple[list[str], dict[int, list[str]]]:
+    """The EP2 case's train patterns (global expert numbers) and each rank's expected trainable LM names."""
+    name = _GROUPED if grouped else _SEQUENTIAL
+    # a SequentialMLP expert by its module (``...local_experts.1.linear_fc1``), a grouped one by its weight
+    patterns = [re.escape(name.format(layer=layer, linear=linear, n=n).removesuffix("" if grouped else ".weight"))
+                for layer, linear, n, _ in _EP_EXPERTS]
+    local = {rank: [name.format(layer=layer, linear=linear, n=n_local)]
+             for rank, (layer, linear, _, n_local) in enumerate(_EP_EXPERTS)}
+    return patterns, local
 
 
 def test_qwen3_vl_moe_expert_parallel_2(ep2):
@@ -345,7 +357,7 @@ def test_qwen3_vl_moe_expert_parallel_2(ep2):
         result = ep2["ranks"].get(rank)
         assert result is not None, f"rank {rank} wrote nothing:\n{ep2['logs'][rank][-4000:]}"
         assert "traceback" not in result, f"rank {rank}: {result['traceback']}"
-        assert result["trainable_lm"] == EP_TRAINABLE_LOCAL[rank]
+        assert result["trainable_lm"] == ep_names(result["grouped"])[1][rank]
         # HF keeps each layer's experts in one fused tensor: one expert trains -> the whole tensor is sent.
         check(result, any_of(QWEN3_PROJECTION, MOE_LAYER0_GATE_UP, MOE_LAYER1_DOWN))
         assert {"model.language_model.layers.0.mlp.experts.gate_up_proj",
@@ -393,10 +405,14 @@ def _worker(rank: int, world: int, out: Path, checkpoint: Path) -> None:
         import_bridge()
         init_cpu_distributed(expert_model_parallel_size=world, rank=rank, world_size=world)
 
+        from bridge_freeze_harness.hf_checkpoint import grouped_experts
+
+        grouped = grouped_experts("qwen3_vl_moe")
         run = train_and_export(checkpoint, "qwen3_vl_moe", **PROJECTION_ONLY, expert_model_parallel_size=world,
-                               train_patterns=EP_PATTERNS)
+                               train_patterns=ep_names(grouped)[0])
         result = sync_facts(run["original"], run["full"], run["sent"])
         result["trainable_lm"] = sorted(n for n in run["trainable"] if n.startswith("language_model."))
+        result["grouped"] = grouped
     except BaseException:  # noqa: BLE001 - reported to the parent test
         result = {"traceback": traceback.format_exc()}
     (out / f"rank{rank}.json").write_text(json.dumps(result))

@@ -15,8 +15,7 @@ def test_the_sync_line_counts_the_left_out_tensors_that_train(cpu_bridge, tmp_pa
     from megatron.bridge import AutoBridge
     from megatron.bridge.peft.lora import LoRA
 
-    from bridge_freeze_harness.hf_checkpoint import cpu_provider, write_tiny_hf_checkpoint
-    from bridge_freeze_harness.tiny import build_tiny_chunks
+    from bridge_freeze_harness.hf_checkpoint import build_hf_chunks, cpu_provider, write_tiny_hf_checkpoint
     from bridge_freeze_plugin.planning._sync_bytes import sync_bytes
 
     checkpoint = write_tiny_hf_checkpoint("qwen25_vl", tmp_path / "hf", seed=0)
@@ -28,7 +27,7 @@ def test_the_sync_line_counts_the_left_out_tensors_that_train(cpu_bridge, tmp_pa
         return peft(model, training=True)
 
     provider.register_pre_wrap_hook(lora)
-    chunks = build_tiny_chunks("qwen25_vl", provider=provider)
+    chunks = build_hf_chunks("qwen25_vl", provider)
     trained = sorted(n for n, p in chunks[0].named_parameters() if p.requires_grad)
     assert len(trained) == 4 and all(".attn.qkv.linear_" in n for n in trained)
     sync = sync_bytes(bridge, chunks, "fp32")
