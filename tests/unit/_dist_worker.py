@@ -185,7 +185,9 @@ def rank_main(rank: int, world: int, out_dir: str, scenarios: str, port: int | N
     logger = logging.getLogger("bridge_freeze_plugin")
     logger.addHandler(capture)
     logger.setLevel(logging.INFO)
-    results: dict[str, Any] = {}
+    import megatron.bridge
+
+    results: dict[str, Any] = {"_bridge": megatron.bridge.__file__}  # which Bridge ran (the lane's, in the lane)
     out = folder / f"rank{rank}.json"
     for sc in json.loads(scenarios):
         try:

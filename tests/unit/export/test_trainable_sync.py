@@ -363,6 +363,10 @@ def test_qwen3_vl_moe_expert_parallel_2(ep2):
         assert {"model.language_model.layers.0.mlp.experts.gate_up_proj",
                 "model.language_model.layers.1.mlp.experts.down_proj"} <= set(result["changed"])
     assert ep2["ranks"][0]["sent_names"] == ep2["ranks"][1]["sent_names"]
+    import megatron.bridge
+
+    # the ranks ran the Bridge this process imported (in the compatibility lane: the lane's, not the venv's)
+    assert {ep2["ranks"][rank]["bridge"] for rank in (0, 1)} == {megatron.bridge.__file__}
 
 
 def start_ep2(forkserver: Any, checkpoint: Path, out: Path, world: int = 2) -> list[Any]:
@@ -413,6 +417,7 @@ def _worker(rank: int, world: int, out: Path, checkpoint: Path) -> None:
         result = sync_facts(run["original"], run["full"], run["sent"])
         result["trainable_lm"] = sorted(n for n in run["trainable"] if n.startswith("language_model."))
         result["grouped"] = grouped
+        result["bridge"] = __import__("megatron.bridge").bridge.__file__
     except BaseException:  # noqa: BLE001 - reported to the parent test
         result = {"traceback": traceback.format_exc()}
     (out / f"rank{rank}.json").write_text(json.dumps(result))

@@ -104,7 +104,10 @@ def launch(scenarios: list[dict], out_dir: Path, world: int = WORLD, timeout_s: 
 def _launch_processes(scenarios: list[dict], out_dir: Path, world: int, timeout_s: float, port: int,
                       logs: list[Path]) -> list[int]:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               # the repository first, then the caller's path (the compatibility lane's Bridge must stay ahead of
+               # the venv's: a bare PYTHONPATH=ROOT ran the venv's Bridge in the lane's ranks)
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     procs = []
@@ -133,6 +136,10 @@ def runs(tmp_path_factory, bridge_forkserver):
     results = launch(SCENARIOS, tmp_path_factory.mktemp("dist"), forkserver=bridge_forkserver)
     tail = "\n".join(log[-3000:] for log in results["_logs"])
     assert not results["_hung"], f"ranks {results['_hung']} hung past {TIMEOUT_S}s and were killed:\n{tail}"
+    import megatron.bridge
+
+    # the ranks ran the Bridge this process imported (in the compatibility lane: the lane's, not the venv's)
+    assert {results[rank].get("_bridge") for rank in range(WORLD)} == {megatron.bridge.__file__}, tail
     return results
 
 
