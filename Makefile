@@ -18,8 +18,9 @@ test: venv
 	@$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # the pure tests (no Bridge model, no process started, nothing marked slow): under a minute, while you work
+# (in TEST_WORKERS processes too)
 test-fast: venv
-	@$(PY) -m pytest -m "not bridge and not spawns and not slow" -q
+	@$(PY) -m pytest -m "not bridge and not spawns and not slow" -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 test-gpu: venv
 	@$(PY) -m pytest tests/gpu
