@@ -82,7 +82,7 @@ def skyrl_facts(bridge: Any, chunks: list[Any]) -> dict[str, Any]:
             "same_values": same_stream(streamed, expected)}
 
 
-def rank_main(rank: int, world: int, out_dir: str, checkpoint: str, port: int, skyrl: bool) -> None:
+def rank_main(rank: int, world: int, out_dir: str, checkpoint: str, port: int) -> None:
     """One rank of Qwen3-VL-MoE under EP ``world``: an expert trained by a pattern, then LoRA on attention."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -100,8 +100,7 @@ def rank_main(rank: int, world: int, out_dir: str, checkpoint: str, port: int, s
         bridge, chunks = build(Path(checkpoint), "qwen3_vl_moe", **PROJECTION_ONLY,
                                expert_model_parallel_size=world, train_patterns=EP_PATTERNS)
         result["patterns"] = receiver_facts(bridge, chunks)
-        if skyrl:
-            result["skyrl"] = skyrl_facts(bridge, chunks)
+        result["skyrl"] = skyrl_facts(bridge, chunks)
         bridge, chunks = build(Path(checkpoint), "qwen3_vl_moe", **PROJECTION_ONLY, lora=LORA_TARGETS,
                                expert_model_parallel_size=world)
         result["lora_merged"] = receiver_facts(bridge, chunks, merge=True)

@@ -33,9 +33,6 @@ from bridge_freeze_plugin.errors import ConfigLoadError, InvalidFreezeConfigErro
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "configs" / "skyrl"
 DUMPS = {"rl": FIXTURES / "rl_defaults.yaml", "sft": FIXTURES / "sft_defaults.yaml"}
 LISTING = Path(__file__).resolve().parents[3] / "bridge_freeze_plugin" / "config" / "skyrl_fields.json"
-HAVE_SKYRL = importlib.util.find_spec("skyrl") is not None
-needs_skyrl = pytest.mark.skipif(not HAVE_SKYRL, reason="skyrl==0.4.0 is not installed (requirements/skyrl-tests.txt, "
-                                                        "which scripts/bootstrap.sh installs into the venv)")
 P = "trainer.policy.megatron_config"
 K = f"{P}.transformer_config_kwargs"
 MEGATRON = "trainer.strategy=megatron"
@@ -269,7 +266,6 @@ def check_config(c: Case, overrides: tuple[str, ...] | None = None):
     return run
 
 
-@needs_skyrl
 @pytest.mark.parametrize("c", CASES)
 def test_check_config_accepts_what_skyrls_loader_accepts(c, skyrl_as_released):
     assert len(CASES) >= 20
@@ -315,7 +311,6 @@ def test_check_config_prints_no_learning_rate_line_where_skyrl_refuses_per_part_
         capsys.readouterr().out)
 
 
-@needs_skyrl
 def test_the_committed_dumps_and_listing_are_what_the_installed_skyrl_writes(skyrl_as_released):
     import importlib.util as iu
     import json
@@ -402,7 +397,6 @@ def _skyrl_policy(c: Case, overrides: tuple[str, ...]):
     return cfg.trainer.policy if c.layout == "rl" else cfg
 
 
-@needs_skyrl
 @pytest.mark.parametrize("c", [p for p in CASES if p.values[0].build and not p.values[0].build_refuses])
 def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_as_released, tmp_path):
     from bridge_freeze_plugin.config import lora_adapter_parts
@@ -429,7 +423,6 @@ def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_
     assert expected and trainable(chunks) == expected
 
 
-@needs_skyrl
 @pytest.mark.parametrize("c", [p for p in CASES if p.values[0].build_refuses])
 def test_what_check_config_refuses_for_lora_the_build_refuses(c, cpu_bridge, skyrl_as_released, tmp_path):
     """Where check-config refuses a LoRA target list SkyRL's loader takes, the plugin's build (through SkyRL's

@@ -102,9 +102,8 @@ def test_lora_merged_and_unmerged(checkpoints):
 
 @pytest.fixture(scope="module")
 def ep2(tmp_path_factory, checkpoints, bridge_forkserver) -> dict[int, dict[str, Any]]:
-    """One EP2 run for the module: the receiver layouts, and SkyRL's source where SkyRL is installed."""
-    skyrl = importlib.util.find_spec("skyrl") is not None
-    return run_ep2(tmp_path_factory.mktemp("ep2"), checkpoints("qwen3_vl_moe"), bridge_forkserver, skyrl=skyrl)
+    """One EP2 run for the module: the receiver layouts, and SkyRL's source (installed for the tests)."""
+    return run_ep2(tmp_path_factory.mktemp("ep2"), checkpoints("qwen3_vl_moe"), bridge_forkserver)
 
 
 def test_an_export_dtype_is_the_streams(checkpoints):
@@ -156,14 +155,14 @@ def test_expert_parallel_2_over_gloo(ep2):
         n for n in full["lora_merged"] if QWEN3_PROJECTION.search(n) or QWEN3_LM_ATTENTION.search(n)}
 
 
-def run_ep2(out: Path, checkpoint: Path, forkserver: Any, *, skyrl: bool) -> dict[int, dict[str, Any]]:
+def run_ep2(out: Path, checkpoint: Path, forkserver: Any) -> dict[int, dict[str, Any]]:
     """Two ranks of ``_refit_worker.rank_main`` forked from the Bridge server; their results (killed when hung)."""
     from bridge_freeze_harness.cpu_runtime import free_port
 
     port = free_port()
     logs = [out / f"rank{rank}.log" for rank in (0, 1)]
     procs = [start_forked(forkserver, logs[rank], logs[rank], "_refit_worker", "rank_main", rank, 2, str(out),
-                          str(checkpoint), port, skyrl) for rank in (0, 1)]
+                          str(checkpoint), port) for rank in (0, 1)]
     hung = join_or_kill(procs, EP_TIMEOUT_S)
     tails = "\n".join(log.read_text()[-3000:] for log in logs if log.exists())
     assert not hung, f"ranks {hung} hung past {EP_TIMEOUT_S}s:\n{tails}"
@@ -176,8 +175,6 @@ def run_ep2(out: Path, checkpoint: Path, forkserver: Any, *, skyrl: bool) -> dic
     return ranks
 
 
-@pytest.mark.skipif(importlib.util.find_spec("skyrl") is None,
-                    reason="SkyRL 0.4.0 is installed for the tests by requirements/skyrl-tests.txt")
 def test_skyrls_source_with_the_plugins_filter_under_expert_parallel_2(ep2):
     """SkyRL's real MegatronWeightSource on each EP rank, with that rank's filter (the experts' Megatron names
     differ between ranks): its metadata and stream are that rank's export_trainable_hf_weights."""

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("skyrl", reason="SkyRL 0.4.0 is installed for the tests by requirements/skyrl-tests.txt")
-
+# SkyRL 0.4.0 is installed for the tests (requirements/skyrl-tests.txt, by scripts/bootstrap.sh): without it the
+# install is broken, and this file fails to import instead of skipping
+import skyrl  # noqa: F401
 from _refit_worker import LORA_TARGETS, PROJECTION_ONLY, build, skyrl_facts
 from _skyrl_weight_sync import layout, meta_layout, same_stream, skyrl_megatron_worker, skyrl_sources
 

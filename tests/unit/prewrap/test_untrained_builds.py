@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
 
 def _blocks(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "bridge_freeze_plugin" and r.levelno == logging.INFO]
@@ -38,10 +36,7 @@ def test_a_meta_device_build_says_what_it_is_in_its_first_line(cpu_bridge, caplo
     provider = make_provider("qwen25_vl")
     provider.init_model_with_meta_device = True
     with caplog.at_level(logging.INFO, logger="bridge_freeze_plugin"):
-        try:
-            build_tiny_chunks("qwen25_vl", provider)
-        except Exception as exc:  # noqa: BLE001 - a meta build may stop after the report; only the report matters
-            pytest.skip(f"a meta-device distributed build does not complete on the CPU here: {exc}")
+        build_tiny_chunks("qwen25_vl", provider)  # completes on the CPU (Bridge 0.6.2); a failure here is a failure
     first = _blocks(caplog)[0].splitlines()[0]
     assert first.startswith("bridge-freeze: not a training build (built on the meta device for a plan")
 
