@@ -158,3 +158,9 @@ class ConfigLoadError(InvalidFreezeConfigError):
 
 class CommandError(BridgeFreezeError, ValueError):
     """A ``bridge-freeze`` sub-command cannot do what its arguments ask (printed as one line, exit code 2)."""
+
+
+def some_of(names: Sequence[str], limit: int) -> str:
+    """``names`` for a message: the first ``limit``, comma-separated, then ``(and N more)`` when there are more."""
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bridge_freeze_plugin.errors import AdapterExportError
+from bridge_freeze_plugin.errors import AdapterExportError, some_of
 from bridge_freeze_plugin.prewrap import PART_ATTR, linear_adapters
 from bridge_freeze_plugin.request import FLAGS, INFO, SELECTABLE_PARTS, Part
 
@@ -102,7 +102,7 @@ def _refuse_linear_adapters(what: str, model: Any) -> None:
         return  # not a model (a test double): Bridge's to judge
     found = linear_adapters(list(chunks))
     if found:
-        shown = ", ".join(found[:8]) + (f" (and {len(found) - 8} more)" if len(found) > 8 else "")
+        shown = some_of(found, 8)
         raise AdapterExportError(
             f"{what} writes LoRA adapters named '.adapter.' only, but this model has {len(found)} LoRA adapter(s) on "
             f"plain torch.nn.Linear modules (Bridge's LinearAdapter, in an HF-implemented tower): {shown}. Their "

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bridge_freeze_plugin.errors import some_of
+
 _SHOWN = 12
 
 
@@ -58,8 +60,7 @@ def untasked_message(bridge: str, chunks: Sequence[Any], untasked: list[str], an
     """The error of a sync that would leave trainable parameters behind (``anywhere``: the most on one rank)."""
     model = type(chunks[0]).__name__ if chunks else "the model"
     if untasked:
-        shown = ", ".join(untasked[:_SHOWN]) + (f" (and {len(untasked) - _SHOWN} more)" if len(untasked) > _SHOWN
-                                                 else "")
+        shown = some_of(untasked, _SHOWN)
         what = f"{len(untasked)} trainable parameter(s) of {model} have no conversion task, so no HF tensor: {shown}"
     else:
         what = f"another rank holds {anywhere} trainable parameter(s) of {model} that no conversion task exports"

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from bridge_freeze_plugin.errors import TrainableSyncError
 from bridge_freeze_plugin.export._coverage import untasked_message, untasked_trainable
 from bridge_freeze_plugin.export._signature import accepts, bridge_version, call_accepted
-from bridge_freeze_plugin.prewrap import stats_move
+from bridge_freeze_plugin.prewrap import expert_bias_moves, stats_move
 from bridge_freeze_plugin.ranks import collective_device
 
 if TYPE_CHECKING:
@@ -260,10 +260,7 @@ def _updated_expert_bias(task: Any) -> bool:
     module = task.megatron_module
     if module is None or getattr(module, "expert_bias", None) is not task.param_weight:
         return False
-    config = getattr(module, "config", None)
-    return (bool(getattr(config, "moe_router_enable_expert_bias", False))
-            and bool(getattr(config, "moe_router_bias_update_rate", 0))
-            and not getattr(module, "frozen_expert_bias", False))
+    return expert_bias_moves(getattr(module, "config", None)) and not getattr(module, "frozen_expert_bias", False)
 
 
 def _hf_names(task: Any) -> set[str]:

@@ -33,7 +33,7 @@ from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks, named_
 from bridge_freeze_plugin.prewrap._context import BuildContext
 from bridge_freeze_plugin.prewrap._counting import PartCount, PartTally
 from bridge_freeze_plugin.prewrap._flags import FlagField, with_flag_fields
-from bridge_freeze_plugin.prewrap._freeze import PART_ATTR, apply_selection, freeze_chunks
+from bridge_freeze_plugin.prewrap._freeze import PART_ATTR, apply_selection, expert_bias_moves, freeze_chunks
 from bridge_freeze_plugin.prewrap._hooks import HookChain, model_wide_checks_skipped
 from bridge_freeze_plugin.prewrap._lora import trainable_state_dict
 from bridge_freeze_plugin.prewrap._model_wide import last_report
@@ -88,6 +88,7 @@ __all__ = [
     "bridge_class",
     "chunk_state",
     "declared_default",
+    "expert_bias_moves",
     "flag_attributes",
     "flag_origins",
     "forget_saved",

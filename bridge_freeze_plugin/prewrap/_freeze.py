@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnclassifiedParameterError
+from bridge_freeze_plugin.errors import InvalidFreezeConfigError, UnclassifiedParameterError, some_of
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks, named_parameters
 from bridge_freeze_plugin.prewrap._context import BuildContext
@@ -104,11 +104,11 @@ def freeze_expert_biases(chunks: list[Any], decided: dict[int, bool], context: B
             router.frozen_expert_bias = True
     unflagged = [name for name, router in frozen if not hasattr(router, "frozen_expert_bias")]
     configs = _bias_configs(chunks, [router for _, router in frozen])
-    if not unflagged or not any(_bias_moves(config) for config in configs):
+    if not unflagged or not any(expert_bias_moves(config) for config in configs):
         return len(frozen)
     if moving:
         raise _mixed_routers(unflagged, [name for name, _ in moving], context)
-    rates = sorted({float(config.moe_router_bias_update_rate) for config in configs if _bias_moves(config)})
+    rates = sorted({float(config.moe_router_bias_update_rate) for config in configs if expert_bias_moves(config)})
     for config in configs:
         if hasattr(config, "moe_router_bias_update_rate"):
             config.moe_router_bias_update_rate = 0.0
@@ -145,16 +145,17 @@ def _bias_configs(chunks: list[Any], routers: list[Any]) -> list[Any]:
     return list(found.values())
 
 
-def _bias_moves(config: Any) -> bool:
+def expert_bias_moves(config: Any) -> bool:
+    """Whether megatron-core's ``finalize_model_grads`` moves the expert bias of a router with model config
+    ``config`` (before ``frozen_expert_bias``, which the router itself carries): the bias is on, its rate non-zero."""
     return bool(getattr(config, "moe_router_enable_expert_bias", False)
                 and getattr(config, "moe_router_bias_update_rate", 0))
 
 
 def _mixed_routers(frozen: list[str], moving: list[str], context: BuildContext) -> InvalidFreezeConfigError:
-    shown = ", ".join(frozen[:_MAX_ROUTERS_IN_ERROR])
-    more = f" (and {len(frozen) - _MAX_ROUTERS_IN_ERROR} more)" if len(frozen) > _MAX_ROUTERS_IN_ERROR else ""
     return InvalidFreezeConfigError(
-        f"{context.asked} freezes {len(frozen)} MoE router(s) with an expert bias ({shown}{more}) while "
+        f"{context.asked} freezes {len(frozen)} MoE router(s) with an expert bias "
+        f"({some_of(frozen, _MAX_ROUTERS_IN_ERROR)}) while "
         f"{len(moving)} other router(s) train (e.g. {', '.join(moving[:2])}), but this megatron-core has no "
         f"frozen_expert_bias: its finalize_model_grads moves every router's expert bias by one "
         f"moe_router_bias_update_rate, so the frozen routers' routing would still change. Freeze or train all "
@@ -192,13 +193,12 @@ def pattern_summary(context: BuildContext, classified: Any) -> PatternSummary | 
 
 def _unclassified(located: list[str], context: BuildContext) -> UnclassifiedParameterError:
     assert context.family is not None
-    shown = ", ".join(located[:_MAX_NAMES_IN_ERROR])
-    more = f" (and {len(located) - _MAX_NAMES_IN_ERROR} more)" if len(located) > _MAX_NAMES_IN_ERROR else ""
     return UnclassifiedParameterError(
         f"{', '.join(f'{f}=True' for f in context.selection.set_flags())} was asked of "
         f"{context.provider_label or 'the model'}{f' ({context.model_name})' if context.model_name else ''}, but "
         f"{len(located)} parameter(s) fall under no prefix of family {context.family.name!r}, so the "
-        f"plugin cannot tell which part they belong to: {shown}{more}. Add their module to the "
+        f"plugin cannot tell which part they belong to: {some_of(located, _MAX_NAMES_IN_ERROR)}. Add their module "
+        f"to the "
         f"family's table ({' / '.join([*(p.value for p in context.family.part_names()), 'other'])}), or unset "
         f"the freeze flags."
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from bridge_freeze_plugin.errors import UnexportableAdapterError
+from bridge_freeze_plugin.errors import UnexportableAdapterError, some_of
 from bridge_freeze_plugin.prewrap._classify import as_chunks
 from bridge_freeze_plugin.prewrap._context import BuildContext
 from bridge_freeze_plugin.request import INFO, Part, label
@@ -52,7 +52,7 @@ def check_linear_adapters(model: Any, context: BuildContext, peft: Any, hook_lab
     family = context.family
     parts = sorted({family.classify(f"{name.rpartition(': ')[2]}.weight") or Part.OTHER for name in found},
                    key=lambda part: part.value)
-    shown = ", ".join(found[:_SHOWN]) + (f" (and {len(found) - _SHOWN} more)" if len(found) > _SHOWN else "")
+    shown = some_of(found, _SHOWN)
     where = " and ".join(label(part) if part in INFO else "modules of no part" for part in parts)
     flags = ", ".join(f"{INFO[p].flag}=False" for p in parts if p in INFO)
     lm = family.prefixes(Part.LANGUAGE_MODEL)

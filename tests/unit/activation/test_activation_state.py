@@ -3,6 +3,7 @@ two threads building from one provider."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 
 from _shared import PROJECTION_ONLY, projection_names, trainable
 
@@ -125,15 +127,9 @@ def test_a_provider_class_this_bridge_lacks_is_said_once_at_debug(cpu_bridge, ca
     import logging
 
     absent = "NoSuchVLProviderInThisBridge"
-    with caplog.at_level(logging.DEBUG, logger="bridge_freeze_plugin"):
-        bfp.register_family("absent_provider_probe", providers=[f"megatron.bridge.models.gpt_provider:{absent}"],
-                            language_model=["language_model"], vision_model=["vision_model"])
-        try:
-            bfp.deactivate()
-            bfp.activate()
-        finally:
-            bfp.families.REGISTRY.unregister("absent_provider_probe")
-            bfp.activate()
+    with caplog.at_level(logging.DEBUG, logger="bridge_freeze_plugin"), \
+            _activated_with("absent_provider_probe", f"megatron.bridge.models.gpt_provider:{absent}"):
+        pass  # what the activation inside logged is the subject
     said = [r for r in caplog.records if absent in r.getMessage()]
     assert [r.levelno for r in said] == [logging.DEBUG]
     assert "absent_provider_probe" in said[0].getMessage()
@@ -146,14 +142,20 @@ def test_a_provider_module_this_bridge_lacks_is_never_imported_and_says_nothing(
     import logging
 
     module = "megatron.bridge.models.no_such_family_in_this_bridge.provider"
-    with caplog.at_level(logging.DEBUG, logger="bridge_freeze_plugin"):
-        bfp.register_family("absent_module_probe", providers=[f"{module}:NoSuchVLProvider"],
-                            language_model=["language_model"], vision_model=["vision_model"])
-        try:
-            bfp.deactivate()
-            bfp.activate()
-            assert importlib.util.find_spec("megatron.bridge.models.no_such_family_in_this_bridge") is None
-        finally:
-            bfp.families.REGISTRY.unregister("absent_module_probe")
-            bfp.activate()
+    with caplog.at_level(logging.DEBUG, logger="bridge_freeze_plugin"), \
+            _activated_with("absent_module_probe", f"{module}:NoSuchVLProvider"):
+        assert importlib.util.find_spec("megatron.bridge.models.no_such_family_in_this_bridge") is None
     assert [r.getMessage() for r in caplog.records if "no_such_family_in_this_bridge" in r.getMessage()] == []
+
+
+@contextlib.contextmanager
+def _activated_with(name: str, provider: str) -> Iterator[None]:
+    """A probe family naming ``provider`` registered, the plugin re-activated inside; unregistered after."""
+    bfp.register_family(name, providers=[provider], language_model=["language_model"], vision_model=["vision_model"])
+    try:
+        bfp.deactivate()
+        bfp.activate()
+        yield
+    finally:
+        bfp.families.REGISTRY.unregister(name)
+        bfp.activate()
