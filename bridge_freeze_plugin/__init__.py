@@ -10,7 +10,8 @@ The top level is the subsystems, each a folder behind its face (its ``__init__``
 read and checked) -> :mod:`~bridge_freeze_plugin.families` (family lookup) -> :mod:`~bridge_freeze_plugin.activation`
 (Bridge's providers honour the flags) -> :mod:`~bridge_freeze_plugin.prewrap` (the build: freeze, hooks,
 guarantee, report) -> :mod:`~bridge_freeze_plugin.optim` (per-part learning rates) and
-:mod:`~bridge_freeze_plugin.export` (RL weight sync, adapter exports); :mod:`~bridge_freeze_plugin.planning` and
+:mod:`~bridge_freeze_plugin.export` (RL weight sync, adapter exports); :mod:`~bridge_freeze_plugin.audit` (the run:
+what learned in the first optimizer steps, and that nothing frozen moved); :mod:`~bridge_freeze_plugin.planning` and
 :mod:`~bridge_freeze_plugin.cli` are the ``bridge-freeze`` command. docs/architecture.md draws it.
 """
 
@@ -42,7 +43,9 @@ from bridge_freeze_plugin.errors import (
     PartNotInFamilyError,
     PeerRankFreezeError,
     PlanError,
+    FrozenPartTrainedError,
     TrainableSyncError,
+    TrainingAuditError,
     UnclassifiedParameterError,
     UnexportableAdapterError,
     UnknownFamilyError,
@@ -50,6 +53,7 @@ from bridge_freeze_plugin.errors import (
     UnsupportedFreezeFlagError,
     Violation,
 )
+from bridge_freeze_plugin.audit import AuditReport, audit_step, last_audit
 from bridge_freeze_plugin.export import export_trainable_hf_weights
 from bridge_freeze_plugin.families import (
     REGISTRY,
@@ -91,6 +95,7 @@ __all__ = [
     "REGISTRY",
     "VOCABULARY",
     "AdapterExportError",
+    "AuditReport",
     "BridgeFreezeError",
     "CommandError",
     "ConfigLoadError",
@@ -102,6 +107,7 @@ __all__ = [
     "FreezeGuaranteeError",
     "FreezeReport",
     "FreezeSelection",
+    "FrozenPartTrainedError",
     "InvalidFreezeConfigError",
     "InvalidPatternError",
     "LoraOverlapError",
@@ -114,6 +120,7 @@ __all__ = [
     "PeerRankFreezeError",
     "PlanError",
     "TrainableSyncError",
+    "TrainingAuditError",
     "UnclassifiedParameterError",
     "UnexportableAdapterError",
     "UnknownFamilyError",
@@ -123,12 +130,14 @@ __all__ = [
     "__version__",
     "activate",
     "apply_selection",
+    "audit_step",
     "deactivate",
     "export_trainable_hf_weights",
     "family_for_provider",
     "freezable_class",
     "get_family",
     "is_active",
+    "last_audit",
     "last_report",
     "list_families",
     "load_config",

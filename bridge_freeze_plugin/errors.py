@@ -19,6 +19,8 @@ Each message names what was asked, on which model, and what to do instead. The h
     │   ├── PartLearningRateError               a per-part learning rate that is invalid or would not apply
     │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
     ├── TrainableSyncError (RuntimeError)       a trainable-only weight sync cannot limit this export safely
+    ├── TrainingAuditError (RuntimeError)       strict audit: a trainable tensor got no gradient in the audited steps
+    ├── FrozenPartTrainedError (RuntimeError)   at run time, a frozen tensor got a gradient or changed
     ├── PlanError (ValueError)                  ``bridge-freeze plan`` cannot make a plan
     └── CommandError (ValueError)               a ``bridge-freeze`` sub-command cannot do what its arguments ask
 """
@@ -146,6 +148,14 @@ class PartLearningRateError(InvalidFreezeConfigError):
 
 class TrainableSyncError(BridgeFreezeError, RuntimeError):
     """A trainable-only weight sync (``export_trainable_hf_weights``) was asked for an export it cannot limit safely."""
+
+
+class TrainingAuditError(BridgeFreezeError, RuntimeError):
+    """Strict run-time audit: a trainable tensor got no gradient in any audited step (raised on every rank)."""
+
+
+class FrozenPartTrainedError(BridgeFreezeError, RuntimeError):
+    """At run time, a frozen tensor (or one at learning rate 0) got a gradient or changed (raised on every rank)."""
 
 
 class PlanError(BridgeFreezeError, ValueError):

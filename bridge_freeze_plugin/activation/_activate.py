@@ -48,6 +48,8 @@ from bridge_freeze_plugin.activation._module_hooks import (
 from bridge_freeze_plugin.activation._provider_fields import remove_fields
 from bridge_freeze_plugin.activation._saved_reads import mark_instantiated
 from bridge_freeze_plugin.activation._version import warn_untested_bridge
+from bridge_freeze_plugin.audit import FINALIZE, arm
+from bridge_freeze_plugin.audit import install as install_audit_seam
 from bridge_freeze_plugin.export import AUTO_BRIDGE
 from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER_MODULES
@@ -58,6 +60,7 @@ from bridge_freeze_plugin.prewrap import (
     STATE,
     declared_default,
     is_plugin_class,
+    on_training_build,
     resolve_family,
 )
 from bridge_freeze_plugin.ranks import is_rank0
@@ -92,6 +95,8 @@ def activate() -> None:
     POST_IMPORT.watch(INSTANTIATE[0], mark_instantiated)
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, check_part_learning_rates)
+    on_training_build(arm)  # the run-time audit arms after each build for training
+    POST_IMPORT.watch(FINALIZE[0], install_audit_seam)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)
         warn_untested_bridge()
         _guard_uncovered_providers(sys.modules[_BRIDGE])

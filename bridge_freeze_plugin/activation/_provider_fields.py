@@ -2,7 +2,8 @@
 
 The plugin reads from a provider every flag of the vocabulary (:mod:`.parts`; Bridge's own fields where Bridge
 declares them: the vision-language flags on a VLM provider, ``freeze_audio_model`` on Qwen2-Audio...) and
-:data:`PLUGIN_FIELDS`: the train / freeze patterns and ``full_recompute_policy``. A flag the class does not
+:data:`PLUGIN_FIELDS`: the train / freeze patterns, ``full_recompute_policy`` and the run-time audit's
+``audit_steps`` / ``audit_strict``. A flag the class does not
 declare is added as a field too (:data:`FLAG_FIELDS`; its class attribute, the flag descriptor, is left alone).
 Whatever it reads must round-trip through everything Bridge
 does with a provider: ``dataclasses.fields`` / ``asdict`` / ``replace``, ``ConfigContainer.to_cfg_dict`` ->
@@ -21,7 +22,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from bridge_freeze_plugin.request import FLAGS
+from bridge_freeze_plugin.request import DEFAULT_STEPS, FLAGS
 
 
 @dataclasses.dataclass
@@ -36,6 +37,9 @@ class PluginFields:
     #: its former name (it also covers Ernie's language model, not only vision towers): still read, ``None``
     #: unset; a run_config.yaml written before the rename has it
     vision_recompute_policy: str | None = None
+    #: the run-time audit: how many optimizer steps (0: off), and whether a trainable tensor without gradient raises
+    audit_steps: int = DEFAULT_STEPS
+    audit_strict: bool = False
 
 
 #: name -> the dataclass Field (shared, never mutated) and its default.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.errors import PartLearningRateError
 from bridge_freeze_plugin.optim._settings import ADAPTERS, PartLearningRates
-from bridge_freeze_plugin.prewrap import PART_ATTR, chunk_state
+from bridge_freeze_plugin.prewrap import PART_ATTR, chunk_state, expert_bias_moves
 from bridge_freeze_plugin.request import Part, label
 
 if TYPE_CHECKING:
@@ -88,11 +88,42 @@ def part_lr_overrides(
     check_optimizer_config(optimizer_config, model, rates)
     check_schedule(rates, lr_warmup_init, lr_warmup_steps)
     adapters = check_model(model, rates)
-    for part, (max_lr, min_lr) in rates.resolved(optimizer_config.lr, optimizer_config.min_lr).items():
+    resolved = rates.resolved(optimizer_config.lr, optimizer_config.min_lr)
+    for part, (max_lr, min_lr) in resolved.items():
         match = functools.partial(_in_part, part=part, adapters=adapters, config=optimizer_config)
         key = ParamKey(predicate=ParamPredicate(name=f"{PART_ATTR}={part}", fn=match))
         overrides[key] = {"max_lr": max_lr, "min_lr": min_lr}
+    _hold_zero_lr_parts(model, [part for part, lrs in resolved.items() if lrs == (0.0, 0.0)], adapters,
+                        optimizer_config, rates)
     return overrides
+
+
+def _hold_zero_lr_parts(model: Any, parts: list[str], adapters: frozenset[int], config: OptimizerConfig,
+                        rates: PartLearningRates) -> None:
+    """A part at learning rate 0 all along stays as loaded: its parameters are recorded on the chunks (the run-time
+    audit holds them like frozen ones), and its MoE routers' expert bias is frozen as a frozen part's is
+    (megatron-core's ``finalize_model_grads`` would move it with no learning rate at all)."""
+    held = frozenset(id(p) for p in parameters(model)
+                     if p.requires_grad and any(_in_part(p, part=part, adapters=adapters, config=config)
+                                                for part in parts))
+    for state in _states(model):
+        state.zero_lr, state.zero_lr_parts = held, tuple(parts)
+    if not held:
+        return
+    routers = [(name, module) for chunk in model_chunks(model) for name, module in chunk.named_modules()
+               if getattr(module, "expert_bias", None) is not None and id(getattr(module, "weight", None)) in held]
+    unflagged = [name for name, router in routers if not hasattr(router, "frozen_expert_bias")]
+    configs = [getattr(router, "config", None) for _, router in routers]
+    if unflagged and any(expert_bias_moves(c) for c in configs if c is not None):
+        raise PartLearningRateError(
+            f"{rates.describe()}: learning rate 0 for MoE routers with an expert bias ({', '.join(unflagged[:3])}"
+            f"{' ...' if len(unflagged) > 3 else ''}), but this megatron-core has no frozen_expert_bias: its "
+            f"finalize_model_grads would still move their expert bias, so the part would not stay as loaded. "
+            f"Freeze the part with its flag instead, set moe_router_bias_update_rate=0 on the provider, or use "
+            f"megatron-core 0.19 or newer"
+        )
+    for _, router in routers:
+        router.frozen_expert_bias = True
 
 
 def check_optimizer_config(config: OptimizerConfig, model: Any, rates: PartLearningRates) -> None:

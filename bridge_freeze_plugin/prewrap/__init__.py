@@ -30,13 +30,15 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 
 from bridge_freeze_plugin.prewrap._adapters import base_name
 from bridge_freeze_plugin.prewrap._classify import Classifier, as_chunks, named_parameters
+from bridge_freeze_plugin.prewrap._collective import agree_on_error
 from bridge_freeze_plugin.prewrap._context import BuildContext
 from bridge_freeze_plugin.prewrap._counting import PartCount, PartTally
 from bridge_freeze_plugin.prewrap._flags import FlagField, with_flag_fields
 from bridge_freeze_plugin.prewrap._freeze import PART_ATTR, apply_selection, expert_bias_moves, freeze_chunks
 from bridge_freeze_plugin.prewrap._hooks import HookChain, model_wide_checks_skipped
 from bridge_freeze_plugin.prewrap._lora import trainable_state_dict
-from bridge_freeze_plugin.prewrap._model_wide import last_report
+from bridge_freeze_plugin.prewrap._model_names import model_wide_names
+from bridge_freeze_plugin.prewrap._model_wide import last_report, ownership
 from bridge_freeze_plugin.prewrap._origins import INSTANTIATE, FlagOrigin, Source, flag_origins, instantiating
 from bridge_freeze_plugin.prewrap._pipeline import (
     get_model_frozen,
@@ -61,7 +63,14 @@ from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompu
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._running_stats import STATS_ATTR, stats_move, tracks_running_stats
 from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, recording
-from bridge_freeze_plugin.prewrap._state import MISSING, STATE, chunk_state
+from bridge_freeze_plugin.prewrap._state import (
+    MISSING,
+    STATE,
+    IdentityTable,
+    TrainingBuild,
+    chunk_state,
+    on_training_build,
+)
 
 __all__ = [
     "INSTANTIATE",
@@ -78,10 +87,13 @@ __all__ = [
     "FlagOrigin",
     "FreezeReport",
     "HookChain",
+    "IdentityTable",
     "PartCount",
     "PartTally",
     "Source",
+    "TrainingBuild",
     "affected_parts",
+    "agree_on_error",
     "apply_selection",
     "as_chunks",
     "base_name",
@@ -103,8 +115,11 @@ __all__ = [
     "log_report",
     "model_name_of",
     "model_wide_checks_skipped",
+    "model_wide_names",
     "named_parameters",
+    "on_training_build",
     "overridden_defaults",
+    "ownership",
     "preflight",
     "provide_distributed_frozen",
     "provide_frozen",

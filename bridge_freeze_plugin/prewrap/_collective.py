@@ -16,7 +16,9 @@ from bridge_freeze_plugin.errors import (
     BridgeFreezeError,
     EmptyPartError,
     FreezeGuaranteeError,
+    FrozenPartTrainedError,
     PeerRankFreezeError,
+    TrainingAuditError,
     UnclassifiedParameterError,
     UnsupportedFreezeFlagError,
 )
@@ -28,6 +30,8 @@ _CODES: tuple[type[BaseException], ...] = (
     UnclassifiedParameterError,
     FreezeGuaranteeError,
     EmptyPartError,
+    FrozenPartTrainedError,
+    TrainingAuditError,
     BridgeFreezeError,
     Exception,
 )
@@ -39,11 +43,12 @@ def _code(error: BaseException | None) -> int:
     return next(i for i, kind in enumerate(_CODES, start=1) if isinstance(error, kind))
 
 
-def agree_on_error(error: BaseException | None) -> None:
+def agree_on_error(error: BaseException | None, when: str = "while the model was built") -> None:
     """Make every rank raise if any rank has ``error``; call it on every rank at the same point.
 
     A rank with its own error re-raises it. A rank without one raises the same plugin error type as the
     lowest failing rank (:class:`PeerRankFreezeError` for any other exception), with that rank's message.
+    ``when`` says where the ranks were (the build; the run-time audit says which step).
     """
     dist = world()
     if dist is None:
@@ -70,7 +75,7 @@ def agree_on_error(error: BaseException | None) -> None:
     kind = _CODES[int(codes[first].item()) - 1]
     raised = kind if kind is not Exception and kind is not BridgeFreezeError else PeerRankFreezeError
     raise raised(
-        f"global rank {first} (failing ranks: {failed} of {size}) raised while the model was built, so "
+        f"global rank {first} (failing ranks: {failed} of {size}) raised {when}, so "
         f"rank {rank} stops too instead of waiting in a collective. Rank {first} said: {message[0]}"
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge_freeze_plugin.families import FamilySpec
@@ -16,7 +16,7 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_aliases_back,
 )
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
-from bridge_freeze_plugin.request import INFO, FreezeSelection, Part, asked_text
+from bridge_freeze_plugin.request import INFO, AuditSettings, FreezeSelection, Part, asked_text, audit_settings
 
 if TYPE_CHECKING:
     from bridge_freeze_plugin.request import PatternSummary
@@ -45,6 +45,8 @@ class BuildContext:
     saved_flags: tuple[tuple[str, str], ...] = ()
     #: where each flag of the family's parts got its value (:mod:`._origins`), in vocabulary order
     flag_origins: tuple[FlagOrigin, ...] = ()
+    #: the run-time audit of a training build (``audit_steps``, ``audit_strict`` and their variables)
+    audit: AuditSettings = field(default_factory=AuditSettings)
 
     @classmethod
     def of(cls, provider: Any, selection: FreezeSelection | None = None) -> BuildContext:
@@ -54,6 +56,7 @@ class BuildContext:
         family = resolve_family(provider, selection)
         flags = [INFO[part].flag for part in family.part_names()] if family is not None else []
         origins = flag_origins(provider, {flag: getattr(selection, flag) for flag in flags})
+        audit = audit_settings(provider, provider_label(provider))  # a malformed value fails before the build
         if from_provider:
             write_aliases_back(provider, selection)  # what Bridge saves of the provider says what was built
         return cls(
@@ -64,6 +67,7 @@ class BuildContext:
             overridden_defaults=overridden_defaults(provider),
             saved_flags=tuple((o.flag, o.path) for o in origins if o.source is Source.SAVED and o.value and o.path),
             flag_origins=origins,
+            audit=audit,
         )
 
     def wants_trainable(self, name: str, part: Part | None) -> bool | None:

@@ -8,7 +8,8 @@ and DDP. The plugin gives it a :class:`HookChain` holding the hooks Bridge would
 2. each hook, noting the first after which the trainable set departs from the selection;
    right after a PEFT (LoRA) hook, the full-rank parts are restored and checked for overlap (:mod:`.lora`);
 3. the guarantee (:mod:`.guarantee`); then every rank agrees on errors (:mod:`.collective`);
-4. the model-wide report (the same on every rank), stored on the provider and logged once by rank 0.
+4. the model-wide report (the same on every rank), stored on the provider and logged once by rank 0;
+5. a build wrapped for training (the first of its provider) goes to the build listeners: the run-time audit.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from bridge_freeze_plugin.prewrap._freeze import claim_report, count_parts, free
 from bridge_freeze_plugin.prewrap._lora import after_peft, find_peft
 from bridge_freeze_plugin.prewrap._model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.prewrap._report import FreezeReport, log_report
-from bridge_freeze_plugin.prewrap._state import provider_state
+from bridge_freeze_plugin.prewrap._state import STATE, TrainingBuild, provider_state
 from bridge_freeze_plugin.request import INFO, check_lora_targets, label
 
 Hook = Callable[[list[Any]], Any]
@@ -167,10 +168,14 @@ class HookChain:
             report = model_wide_report(model, count_parts(model, self.context, classifier), classifier)
             check_parts_present(report, self.context)  # model-wide: the same verdict on every rank
             store_report(self.provider, report)
-            if self.context.untrained is None:
-                provider_state(self.provider).training_builds += 1
             if claim_report(model):
                 log_report(report)
+            if self.context.untrained is None:
+                if self.context.repeat is None:
+                    build = TrainingBuild(self.provider, as_chunks(model), classifier, self.context, report)
+                    for listener in list(STATE.build_listeners):
+                        listener(build)  # the run-time audit arms here (every rank, in step)
+                provider_state(self.provider).training_builds += 1
         return model
 
     def __repr__(self) -> str:

@@ -81,8 +81,9 @@ def _rename(name: str, segments: dict[str, str], experts: dict[str, int]) -> str
     return ".".join(out)
 
 
-def model_wide_names(model: Any) -> dict[int, str]:
-    """``id(parameter)`` -> model-wide canonical name, for every parameter of this rank's chunks."""
+def model_wide_names(model: Any, buffers: bool = False) -> dict[int, str]:
+    """``id(parameter)`` -> model-wide canonical name, for every parameter of this rank's chunks (``buffers``: and
+    ``id(buffer)`` -> name for every buffer, renamed alike)."""
     pipeline, experts, ep_rank = parallel_layout()
     out: dict[int, str] = {}
     for chunk in as_chunks(model):
@@ -90,7 +91,8 @@ def model_wide_names(model: Any) -> dict[int, str]:
             segments, offsets = {}, {}
         else:
             segments, offsets = _renames(chunk, pipeline > 1, ep_rank if experts > 1 else None)
-        for name, param in chunk.named_parameters():
+        tensors = [*chunk.named_parameters(), *(chunk.named_buffers() if buffers else ())]
+        for name, param in tensors:
             if id(param) not in out:
                 wide = _rename(canonical_name(name), segments, offsets)
                 if getattr(param, "shared", False) and wide.endswith(_TIED_COPY):

@@ -38,19 +38,29 @@ def _tp_rank(param: Any, parallel_state: Any) -> int:
     return int(parallel_state.get_tensor_model_parallel_rank())
 
 
+def ownership(param: Any, parallel_state: Any, replicas: bool = True) -> tuple[bool, bool]:
+    """``(counts_here, first_shard)``: whether this rank counts ``param``'s elements in a model-wide sum over the
+    world (one owner per element: data-parallel replica 0, tensor-parallel rank 0 for a duplicated tensor, never
+    the last stage's copy of a tied embedding), and whether it holds the tensor's first shard (counts the tensor).
+    ``replicas=False``: every data-parallel rank counts (each holds its own shard of something, a gradient)."""
+    if getattr(param, "shared", False):  # last stage's copy of a tied embedding / output weight
+        return False, False
+    expert = not getattr(param, "allreduce", True)
+    replica0 = not replicas or (parallel_state.get_expert_data_parallel_rank() if expert
+                                else parallel_state.get_data_parallel_rank(with_context_parallel=True)) == 0
+    first_tp = _tp_rank(param, parallel_state) == 0
+    if not replica0 or not (getattr(param, "tensor_model_parallel", False) or first_tp):
+        return False, False  # a data-parallel replica, or a copy duplicated over tensor-parallel ranks
+    return True, first_tp
+
+
 def _local_tally(model: Any, classifier: Classifier, parallel_state: Any, patterns: PatternTally | None) -> PartTally:
     """What this rank contributes to the model-wide counts (each parameter counted by one owner)."""
     tally = PartTally()
-    dense_owner = parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
-    expert_owner = parallel_state.get_expert_data_parallel_rank() == 0
     for _, name, param in named_parameters(model):
-        if getattr(param, "shared", False):  # last stage's copy of a tied embedding / output weight
+        counts_here, first_tp = ownership(param, parallel_state)
+        if not counts_here:
             continue
-        if not (expert_owner if not getattr(param, "allreduce", True) else dense_owner):
-            continue  # a data-parallel replica: counted by its replica 0
-        first_tp = _tp_rank(param, parallel_state) == 0
-        if not (getattr(param, "tensor_model_parallel", False) or first_tp):
-            continue  # duplicated over tensor-parallel ranks: counted by tensor-parallel rank 0
         # A sharded tensor is one tensor of the model: only its first shard counts as a tensor.
         trains, adapter = bool(param.requires_grad), not classifier.known(param)
         tally.add(classifier.part(name, param), int(param.numel()), trains, int(first_tp), adapter=trains and adapter)

@@ -52,6 +52,17 @@ class ProviderState:
     training_builds: int = 0
 
 
+@dataclass(frozen=True)
+class TrainingBuild:
+    """A model the plugin built for training, as its listeners get it (bare chunks, before Float16Module and DDP)."""
+
+    provider: Any
+    chunks: list[Any]
+    classifier: Any  # Classifier: each parameter's part, by identity
+    context: Any  # BuildContext
+    report: Any  # the model-wide FreezeReport
+
+
 @dataclass
 class ChunkState:
     """What the plugin keeps for one built model chunk (in :data:`CHUNKS`, never on the chunk)."""
@@ -59,6 +70,11 @@ class ChunkState:
     selection: Any  # FreezeSelection
     family: str
     reported: bool = False
+    #: ids of the trainable parameters whose optimizer group has learning rate 0 all along (max and min), recorded
+    #: when the plugin's per-part overrides are built (``optim``): the run-time audit treats them like frozen ones
+    zero_lr: frozenset[int] = frozenset()
+    #: part name -> the learning-rate key that set it to 0 (for the audit's note)
+    zero_lr_parts: tuple[str, ...] = ()
 
 
 class IdentityTable:
@@ -103,6 +119,12 @@ def provider_state(provider: Any) -> ProviderState:
     return state
 
 
+def on_training_build(listener: Callable[[TrainingBuild], None]) -> None:
+    """Call ``listener`` after every build wrapped for training (once per listener, however often registered)."""
+    if listener not in STATE.build_listeners:
+        STATE.build_listeners.append(listener)
+
+
 def chunk_state(chunk: Any) -> ChunkState | None:
     state = STATE.chunks.get(chunk)
     return state if isinstance(state, ChunkState) else None
@@ -142,6 +164,8 @@ class PluginState:
     chunks: IdentityTable = field(default_factory=IdentityTable)
     #: provider instance -> where its flags' values came from (``prewrap._origins``), by identity
     flag_origins: IdentityTable = field(default_factory=IdentityTable)
+    #: called with a :class:`TrainingBuild` after each build wrapped for training (the run-time audit arms there)
+    build_listeners: list[Callable[[Any], None]] = field(default_factory=list)
 
 
 # A reload of this module (``importlib.reload``) runs it again in the same namespace: keep the objects

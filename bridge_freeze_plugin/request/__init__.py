@@ -1,5 +1,6 @@
 """The request: what a user asks to train or freeze, before any model or family is involved.
 
+- :mod:`._audit_settings`: what the run-time audit is asked (steps, strict), from the provider and the environment;
 - :mod:`._parts`: the vocabulary of parts (one table; flags, learning-rate keys, labels and aliases derive from it);
 - :mod:`._selection`: :class:`FreezeSelection`, one boolean per part plus optional patterns;
 - :mod:`._patterns`: train / freeze patterns (regular expressions over model-wide names) and their checks;
@@ -10,6 +11,13 @@
 Imports nothing from the package but ``errors``: every other folder may import it.
 """
 
+from bridge_freeze_plugin.request._audit_settings import (
+    DEFAULT_STEPS,
+    ENV_STEPS,
+    ENV_STRICT,
+    AuditSettings,
+    audit_settings,
+)
 from bridge_freeze_plugin.request._parts import (
     ALIASES,
     BY_NAME,
@@ -41,6 +49,9 @@ from bridge_freeze_plugin.request._selection import (
 __all__ = [
     "ALIASES",
     "BY_NAME",
+    "DEFAULT_STEPS",
+    "ENV_STEPS",
+    "ENV_STRICT",
     "FLAGS",
     "FLAG_PARTS",
     "INFO",
@@ -50,6 +61,7 @@ __all__ = [
     "RULE",
     "SELECTABLE_PARTS",
     "VOCABULARY",
+    "AuditSettings",
     "FreezeSelection",
     "Part",
     "PartInfo",
@@ -58,6 +70,7 @@ __all__ = [
     "PatternSummary",
     "PatternTally",
     "asked_text",
+    "audit_settings",
     "backtracking_risk",
     "check_lora_targets",
     "check_matched",

@@ -36,6 +36,9 @@ class PartInfo:
     linear: bool = False
     #: A projection into the language model (what a "projection only" run trains).
     projection: bool = False
+    #: The input only this part reads (``"image"``, ``"audio"``; empty: every batch reaches it): a batch without
+    #: it never runs the part, which is what the run-time audit says when the part got no gradient.
+    media: str = ""
 
     @property
     def flag(self) -> str:
@@ -62,10 +65,11 @@ class PartInfo:
 #: Every part a flag can freeze, in the order flags, options and report rows list them.
 VOCABULARY: tuple[PartInfo, ...] = (
     PartInfo("language_model", "language model", optional=False, assumed=True, linear=True),
-    PartInfo("vision_model", "vision encoder", assumed=True, linear=True),
-    PartInfo("vision_projection", "vision projection", assumed=True, projection=True),
-    PartInfo("audio_model", "audio encoder", aliases=("freeze_sound_encoder",), linear=True),
-    PartInfo("audio_projection", "audio projection", aliases=("freeze_sound_projection",), projection=True),
+    PartInfo("vision_model", "vision encoder", assumed=True, linear=True, media="image"),
+    PartInfo("vision_projection", "vision projection", assumed=True, projection=True, media="image"),
+    PartInfo("audio_model", "audio encoder", aliases=("freeze_sound_encoder",), linear=True, media="audio"),
+    PartInfo("audio_projection", "audio projection", aliases=("freeze_sound_projection",), projection=True,
+             media="audio"),
 )
 
 #: The name of the catch-all part: known modules outside every part (a talker, an MTP head): no flag touches them.
