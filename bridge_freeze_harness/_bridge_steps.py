@@ -157,20 +157,45 @@ def forward_step_of(family: str) -> BridgeStep:
     return FORWARD_STEPS.get(family, VLM_STEP)
 
 
+#: The keys of a text sample; every other key of a synthetic sample carries media (an image, audio, their sizes).
+TEXT_KEYS = frozenset({"input_ids", "labels", "loss_mask", "attention_mask", "position_ids"})
+#: Words in a provider's ``*_token_id`` fields that name a media placeholder (an image token, a vision start...).
+_MEDIA_WORDS = ("image", "video", "vision", "audio", "sound")
+
+
+def text_only(sample: dict[str, Any], provider: Any) -> dict[str, Any]:
+    """``sample`` without its media: the media keys dropped, and each media placeholder token (the provider's
+    ``*_token_id`` fields that name an image, video, vision, audio or sound token) replaced by an ordinary text token
+    (the vocabulary's last), so the model runs its language model alone: a text-only batch of a VLM."""
+    placeholders = {int(getattr(provider, name)) for name in dir(provider)
+                    if name.endswith("_token_id") and any(w in name for w in _MEDIA_WORDS)
+                    and isinstance(getattr(provider, name, None), int)}
+    text = int(provider.vocab_size) - 1
+    out = {k: v for k, v in sample.items() if k in TEXT_KEYS and k != "position_ids"}
+    for key in ("input_ids", "labels"):
+        tokens = out[key].clone()
+        for token in placeholders:
+            tokens[tokens == token] = text
+        out[key] = tokens
+    return out
+
+
 class SyntheticVLMDataset(torch.utils.data.Dataset):
     """Sample ``i`` is the tiny configuration's synthetic batch of one with seed ``seed + i`` (deterministic).
 
     :meth:`collate_fn` lays samples out as the family's Bridge step reads them (:func:`forward_step_of`):
-    vlm_step's ``tokens`` / ``visual_inputs`` layout, or the Omni step's top-level keys.
+    vlm_step's ``tokens`` / ``visual_inputs`` layout, or the Omni step's top-level keys. ``media=False``: text-only
+    samples (:func:`text_only`), what a VLM trained on text data gets.
     """
 
-    def __init__(self, family: str, provider: Any, samples: int, seed: int = 0) -> None:
+    def __init__(self, family: str, provider: Any, samples: int, seed: int = 0, media: bool = True) -> None:
         from bridge_freeze_harness.train import train_spec
 
         if train_spec(family).forward_keys is not None:
             raise ValueError(f"tiny configuration {family!r} renames its batch keys for the model's forward; Bridge's "
                              "steps pass them under their own names: train it with bridge_freeze_harness.train")
         self.family, self.provider, self.samples, self.seed = family, provider, samples, seed
+        self.media = media
         self.step = forward_step_of(family)
 
     def __len__(self) -> int:
@@ -180,6 +205,8 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
         from bridge_freeze_harness.train import synthetic_batch
 
         sample = synthetic_batch(self.family, self.provider, batch_size=1, seed=self.seed + int(index))
+        if not self.media:
+            sample = text_only(sample, self.provider)
         unknown = set(sample) - self.step.keys
         if unknown:
             raise NotImplementedError(

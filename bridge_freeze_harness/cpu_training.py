@@ -115,11 +115,12 @@ def cpu_training(name: str = "qwen3_vl") -> Iterator[None]:
 
 
 
-def synthetic_dataset_config(family: str, provider: Any, seed: int = 0) -> Any:
+def synthetic_dataset_config(family: str, provider: Any, seed: int = 0, media: bool = True) -> Any:
     """A Bridge ``DatasetProvider`` (``cfg.dataset``) over :class:`SyntheticVLMDataset` of ``provider``'s geometry.
 
     ``provider`` is the run's model provider (vocabulary, special ids, vision patches, dtype); it is held in a
-    private field, which Bridge leaves out of the ``run_config.yaml`` it writes with each checkpoint.
+    private field, which Bridge leaves out of the ``run_config.yaml`` it writes with each checkpoint. ``media=False``:
+    text-only samples (no image, no audio).
     """
     # training/config.py defines both in Bridge 0.6.0 and re-exports them from data/base.py (new in 0.6.2) since
     from megatron.bridge.training.config import DatasetBuildContext, DatasetProvider
@@ -128,16 +129,19 @@ def synthetic_dataset_config(family: str, provider: Any, seed: int = 0) -> Any:
     class SyntheticVLMDatasetConfig(DatasetProvider):
         family: str
         seed: int = 0
+        media: bool = True
         _provider: Any = None
         # vlm_step (training/vlm_step.py:122 / 179) and qwen3_omni_step read attention_mask only when this is False
         skip_getting_attention_mask_from_dataset: bool = False
 
         def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, Any]:
-            return SyntheticVLMDataset(self.family, self._provider, context.train_samples, self.seed), None, None
+            dataset = SyntheticVLMDataset(self.family, self._provider, context.train_samples, self.seed, self.media)
+            return dataset, None, None
 
     SyntheticVLMDatasetConfig.__module__ = __name__
     return SyntheticVLMDatasetConfig(
-        family=family, seed=seed, _provider=provider, dataloader_type="single", num_workers=0, pin_memory=False,
+        family=family, seed=seed, media=media, _provider=provider, dataloader_type="single", num_workers=0,
+        pin_memory=False,
         persistent_workers=False, data_sharding=True,
     )
 

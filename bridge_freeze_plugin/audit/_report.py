@@ -27,8 +27,12 @@ CAUSES: dict[str, tuple[str, str]] = {
         "decide what trains before the model is wrapped: a flag, a train pattern or a pre-wrap hook",
     ),
     "no_input": (
-        "no input reached it: the {label}'s modules never ran in the audited steps (batches without {media} input)",
-        "if the run's data has no {media} input, freeze the {label} ({flag}=True)",
+        "no input reached it: none of the {label}'s modules ran in the audited steps{without}",
+        "if the run's data has {no_media}, freeze the {label} ({flag}=True)",
+    ),
+    "not_run": (
+        "its module never ran in the audited steps (a branch of the forward these batches did not take)",
+        "check that the data exercises that branch, or freeze it with a freeze pattern if it is not meant to train",
     ),
     "recompute": (
         "full activation recompute is on for its module (recompute_granularity='full' in its config): an output the "
@@ -98,7 +102,10 @@ class Finding:
     def sentence(self, steps: str, model: str) -> str:
         part = self.part if self.part is not None else Part.OTHER
         info = INFO.get(part)
-        fill = {"label": label(part), "media": info.media if info else "", "flag": info.flag if info else ""}
+        media = info.media if info else ""
+        fill = {"label": label(part), "flag": info.flag if info else "",
+                "without": f" (batches without {media} input)" if media else "",
+                "no_media": f"no {media} input" if media else f"nothing that reaches the {label(part)}"}
         seen, todo = (text.format(**fill) for text in CAUSES[self.cause])
         if self.saving is not None and info is not None:
             todo += (f": that saves {gib(self.saving[0])} of gradient buffers and {gib(self.saving[1])} of optimizer "
@@ -177,10 +184,12 @@ class AuditReport:
         lines.append(f"  {'total':<18} {trainable:>18,} {sum(p.with_gradient for p in self.parts):>16,}")
         through = (f"through optimizer step {self.held_through}" if self.held_through
                    else f"through the forward and backward of step {self.steps} (no optimizer step yet)")
-        lines.append(f"  held: {self.held_tensors:,} frozen tensor(s) and {self.held_buffers:,} buffer(s) unchanged "
-                     f"{through}, none with a gradient; checked once more after optimizer step {self.steps}")
+        lines.append(f"  held (frozen, or at learning rate 0): {self.held_tensors:,} tensor(s) and "
+                     f"{self.held_buffers:,} buffer(s) unchanged {through}, no frozen one with a gradient; checked "
+                     f"once more after optimizer step {self.steps}")
         missing = sum(len(f.names) for f in self.findings if f.warned)
-        lines.append("  every trainable tensor got a gradient: OK" if not missing else
+        aside = " (but MoE experts no token reached)" if any(not f.warned for f in self.findings) else ""
+        lines.append(f"  every trainable tensor got a gradient{aside}: OK" if not missing else
                      f"  {missing} trainable tensor(s) got no gradient in any audited step (see the warnings)")
         for part in self.zero_lr_parts:
             lines.append(f"  note: {part} trains at learning rate 0: it gets gradients and stays as it is (held above)")

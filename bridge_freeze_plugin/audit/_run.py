@@ -1,7 +1,7 @@
 """One model's run-time audit, from its build to the optimizer step after its last audited one.
 
 - armed when the plugin built the model for training (:func:`arm`, a build listener): a forward pre-hook on each
-  chunk, and a forward hook on each part's root modules (counting the training forwards each part ran);
+  chunk, and a forward hook on each module that holds parameters (noting that it ran a training forward);
 - at the model's first forward (after any checkpoint load): the tensors that must hold are fingerprinted
   (:mod:`._fingerprint`), and the pre-hooks removed;
 - after each of the first K steps' ``finalize_model_grads`` (:mod:`._seam`): the gradients counted
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -76,22 +77,12 @@ class RunAudit:
         self.seconds = 0.0
         self.report: AuditReport | None = None
         self._pre = [chunk.register_forward_pre_hook(self._first_forward) for chunk in self.chunks]
-        for part, modules in self.watch.roots.items():
-            for module in modules:
-                self.watch.handles.append(module.register_forward_hook(self._counter(part)))
+        ran = functools.partial(_note_run, self.watch.ran)
+        self.watch.handles.extend(module.register_forward_hook(ran) for module in self.watch.modules)
         for chunk in self.chunks:
             first = next(iter(chunk.parameters()), None)
             if first is not None:
                 PENDING[id(first)] = self
-
-    def _counter(self, part: Any) -> Any:
-        import torch
-
-        def ran(module: Any, _inputs: Any, _output: Any) -> None:
-            if module.training and torch.is_grad_enabled():
-                self.watch.runs[part] = self.watch.runs.get(part, 0) + 1
-
-        return ran
 
     def _first_forward(self, _module: Any, _inputs: Any) -> None:
         if self.held is None:
@@ -211,6 +202,14 @@ class RunAudit:
         self.held = None
         for key in [k for k, v in PENDING.items() if v is self]:
             del PENDING[key]
+
+
+def _note_run(ran: set[int], module: Any, _inputs: Any, _output: Any) -> None:
+    """A module's forward hook while audited: a training forward with gradients enabled ran it."""
+    import torch
+
+    if module.training and torch.is_grad_enabled():
+        ran.add(id(module))
 
 
 def _why(names: list[str], watch: Any) -> str:

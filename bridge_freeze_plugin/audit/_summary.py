@@ -95,11 +95,14 @@ def cause_of(tracked: Tracked, tally: GradientTally, watch: Watch, flags: list[b
     the bare chunks, where the tensor's local name is found)."""
     if tally.missing_from_buffers(tracked):
         return "not_in_buffers"
-    part = tracked.part
-    if part is not None and watch.roots.get(part) and not watch.runs.get(part):
+    if not watch.part_ran(tracked.part):
         return "no_input"
-    if tracked.expert and any(f and t.expert and t.part == part for t, f in zip(tally.trainable, flags, strict=True)):
+    part = tracked.part
+    if tracked.expert and (tracked.module not in watch.ran or any(
+            f and t.expert and t.part == part for t, f in zip(tally.trainable, flags, strict=True))):
         return "routing"
+    if tracked.module not in watch.ran:
+        return "not_run"
     if _recompute_on(tracked, chunks):
         return "recompute"
     return "detached"

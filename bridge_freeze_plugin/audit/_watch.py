@@ -9,8 +9,10 @@ load, the optimizer's build), as the optimizer sees them:
   learning rate is 0 all along (recorded by the plugin's per-part overrides), and the persistent buffers of the
   modules that hold no trainable parameter (a frozen BatchNorm's running statistics, a frozen MoE router's expert
   bias). Non-persistent buffers (token counters megatron-core resets every step) are scratch, not state;
-- **part roots**: the module each prefix of a part names; a forward hook counts the training forwards each part
-  ran, so a trainable tensor without a gradient can be told from a part that never got an input.
+- **modules that ran**: each module that holds parameters of its own gets a forward hook for the audited steps,
+  which notes that it ran a training forward (grad enabled): a trainable tensor without a gradient whose module
+  never ran is told from one whose module ran and sent nothing back, and a part none of whose modules ran got no
+  input (a text-only batch never runs the vision encoder).
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ class Tracked:
     chunk: int
     #: its name in its own chunk (what ``get_submodule`` finds)
     local: str = ""
-    #: an MoE expert's parameter (megatron-core's ``allreduce=False``): it learns only from the tokens routed to it
+    #: an MoE expert's parameter (megatron-core's ``is_expert`` linear, ``allreduce=False``, or under ``experts``): it
+    #: learns only from the tokens routed to it
     expert: bool = False
     #: this rank counts its elements / the tensor itself in world-wide sums (:func:`~..prewrap.ownership`)
     counts_here: bool = True
     first_shard: bool = True
     #: this rank counts its shard of the gradient when the distributed optimizer shards it over data-parallel ranks
     shard_owner: bool = True
+    #: id of the module that holds it (its forward hook notes that it ran)
+    module: int = 0
 
 
 @dataclass
@@ -49,10 +54,12 @@ class Watch:
     tracked: list[Tracked]
     #: id(buffer) -> (model-wide name, owning module): every persistent buffer
     buffers: dict[int, tuple[str, Any]]
-    roots: dict[Part, list[Any]]
+    #: the modules that hold parameters of their own (their forward hooks fill :attr:`ran`)
+    modules: list[Any] = field(default_factory=list)
     #: ids of the buffers of modules without parameters of their own under a part the selection freezes
     frozen_by_name: set[int] = field(default_factory=set)
-    runs: dict[Part, int] = field(default_factory=dict)
+    #: ids of the modules that ran a training forward in the audited steps
+    ran: set[int] = field(default_factory=set)
     handles: list[Any] = field(default_factory=list)
     #: ids of the trainable parameters at learning rate 0, and the parts they are in
     zero_lr: frozenset[int] = frozenset()
@@ -62,6 +69,10 @@ class Watch:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+    def part_ran(self, part: Part | None) -> bool:
+        """Whether any module holding a parameter of ``part`` ran (on this rank)."""
+        return any(t.module in self.ran for t in self.tracked if t.part == part)
 
     def trainable(self) -> list[Tracked]:
         return [t for t in self.tracked if t.param.requires_grad]
@@ -111,6 +122,17 @@ def watch_of(build: TrainingBuild) -> Watch:
     wide = model_wide_names(chunks, buffers=True)
     ps = parallel_state()
     tracked: list[Tracked] = []
+    holder: dict[int, int] = {}
+    experts: set[int] = set()
+    modules: list[Any] = []
+    for chunk in chunks:
+        for module_name, module in chunk.named_modules():
+            own = [p for p in module.parameters(recurse=False) if id(p) not in holder]
+            if own:
+                modules.append(module)
+                holder.update((id(p), id(module)) for p in own)
+                if getattr(module, "is_expert", False) or ".experts." in f".{module_name}.":
+                    experts.update(id(p) for p in own)
     seen: set[int] = set()
     for index, chunk in enumerate(chunks):
         for local, param in chunk.named_parameters():
@@ -121,8 +143,9 @@ def watch_of(build: TrainingBuild) -> Watch:
             counts_here, first = ownership(param, ps) if ps is not None else (True, True)
             shard_owner = ownership(param, ps, replicas=False)[0] if ps is not None else True
             tracked.append(Tracked(name, classifier.part(local, param), param, index, local,
-                                   expert=not getattr(param, "allreduce", True), counts_here=counts_here,
-                                   first_shard=first, shard_owner=shard_owner))
+                                   expert=id(param) in experts or not getattr(param, "allreduce", True),
+                                   counts_here=counts_here,
+                                   first_shard=first, shard_owner=shard_owner, module=holder.get(id(param), 0)))
     buffers: dict[int, tuple[str, Any]] = {}
     by_name: set[int] = set()
     frozen_parts = context.selection.frozen_parts()
@@ -134,22 +157,7 @@ def watch_of(build: TrainingBuild) -> Watch:
             part = context.family.classify(local) if context.family is not None else None
             if part in frozen_parts and not any(p.requires_grad for p in module.parameters()):
                 by_name.add(id(buffer))
-    roots: dict[Part, list[Any]] = {}
-    if context.family is not None:
-        for part in context.family.part_names():
-            for prefix in context.family.prefixes(part):
-                for chunk in chunks:
-                    module = _submodule(chunk, prefix)
-                    if module is not None:
-                        roots.setdefault(part, []).append(module)
-    return Watch(tracked, buffers, roots, frozen_by_name=by_name)
-
-
-def _submodule(chunk: Any, prefix: str) -> Any | None:
-    try:
-        return chunk.get_submodule(prefix)
-    except AttributeError:
-        return None
+    return Watch(tracked, buffers, modules, frozen_by_name=by_name)
 
 
 def read_learning_rates(watch: Watch, chunks: list[Any]) -> None:
