@@ -27,6 +27,7 @@ from bridge_freeze_plugin.activation import (
     is_active,
     make_freezable,
 )
+from bridge_freeze_plugin.audit import AuditReport, audit_step, last_audit
 from bridge_freeze_plugin.errors import (
     AdapterExportError,
     BridgeFreezeError,
@@ -36,6 +37,7 @@ from bridge_freeze_plugin.errors import (
     FamilyRegistrationError,
     FreezeFlagTypeError,
     FreezeGuaranteeError,
+    FrozenPartTrainedError,
     InvalidFreezeConfigError,
     InvalidPatternError,
     LoraOverlapError,
@@ -43,7 +45,6 @@ from bridge_freeze_plugin.errors import (
     PartNotInFamilyError,
     PeerRankFreezeError,
     PlanError,
-    FrozenPartTrainedError,
     TrainableSyncError,
     TrainingAuditError,
     UnclassifiedParameterError,
@@ -53,7 +54,6 @@ from bridge_freeze_plugin.errors import (
     UnsupportedFreezeFlagError,
     Violation,
 )
-from bridge_freeze_plugin.audit import AuditReport, audit_step, last_audit
 from bridge_freeze_plugin.export import export_trainable_hf_weights
 from bridge_freeze_plugin.families import (
     REGISTRY,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _family_parts import part_of
 
-import bridge_freeze_plugin  # noqa: F401  (the plugin active, as in a user's job)
+import bridge_freeze_plugin  # the plugin active, as in a user's job
 from bridge_freeze_plugin import (
     FreezeSelection,
     FrozenPartTrainedError,
