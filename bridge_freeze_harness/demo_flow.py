@@ -58,6 +58,10 @@ class DemoResult:
     #: learning rate -> number of Megatron parameters in optimizer groups at that peak learning rate
     learning_rates: dict[float, int]
     seconds: dict[str, float] = field(default_factory=dict)
+    #: the plugin's run-time audit of the first steps (``AuditReport``; ``None`` when it did not run)
+    audit: Any = None
+    #: the Megatron names of the parameters in Bridge's optimizer groups (read off its real optimizer)
+    optimizer_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -118,7 +122,7 @@ def run_demo_flow(
     laps = _Laps()
     auto_bridge = _bridge_up()
     from bridge_freeze_harness.hf_checkpoint import hf_build_patches, write_tiny_hf_checkpoint
-    from bridge_freeze_plugin import last_report
+    from bridge_freeze_plugin import last_audit, last_report
 
     laps("import")
     workdir = Path(workdir)
@@ -144,7 +148,8 @@ def run_demo_flow(
     return DemoResult(
         workdir=workdir, hf_dir=hf_dir, checkpoint_dir=iteration_dir(cfg.checkpoint.save, steps),
         export_dir=export_dir, losses=list(callback.losses), tensors=tensors, report=last_report(provider),
-        learning_rates=learning_rates, seconds=laps.seconds,
+        learning_rates=learning_rates, seconds=laps.seconds, audit=last_audit(provider),
+        optimizer_names=sorted(set().union(*(g.names for g in callback.groups))),
     )
 
 

@@ -111,7 +111,7 @@ class Finding:
             todo += (f": that saves {gib(self.saving[0])} of gradient buffers and {gib(self.saving[1])} of optimizer "
                      f"state ({self.saving_basis})")
         return (f"{len(self.names)} trainable tensor(s) of the {label(part)} got no gradient in optimizer "
-                f"step(s) {steps} of {model}: {some_of(compress(self.names), SHOWN)}. What the audit saw: {seen}. "
+                f"step(s) {steps} ({model}): {some_of(compress(self.names), SHOWN)}. What the audit saw: {seen}. "
                 f"What to do: {todo}.")
 
     def as_dict(self) -> dict[str, Any]:
@@ -155,7 +155,7 @@ class AuditReport:
     @property
     def model(self) -> str:
         name = f" ({self.model_name})" if self.model_name else ""
-        return f"{self.provider}{name} (family {self.family})"
+        return f"{self.provider}{name}, family {self.family}"
 
     def part(self, part: Part) -> PartAudit:
         return next((p for p in self.parts if p.part is part), PartAudit(part))
@@ -174,7 +174,7 @@ class AuditReport:
 
     def format(self) -> str:
         """The INFO block: per part trainable tensors / those with a gradient / the largest gradient norm."""
-        lines = [f"bridge-freeze audit of {self.model}, optimizer step(s) {self.step_range}: what learned",
+        lines = [f"bridge-freeze audit: {self.model}, optimizer step(s) {self.step_range}: what learned",
                  f"  {'part':<18} {'trainable tensors':>18} {'with a gradient':>16} {'grad norm (max)':>16}"]
         for row in self.parts:
             norm = f"{max(row.grad_norms):.3e}" if row.trainable_tensors and row.grad_norms else "-"

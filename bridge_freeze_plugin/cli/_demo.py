@@ -48,7 +48,7 @@ from bridge_freeze_plugin.cli._training_options import (
     with_patterns,
 )
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
-from bridge_freeze_plugin.request import INFO, SELECTABLE_PARTS, FreezeSelection
+from bridge_freeze_plugin.request import DEFAULT_STEPS, INFO, SELECTABLE_PARTS, FreezeSelection
 
 
 def _family_parts(model: str) -> tuple[Any, ...] | None:
@@ -224,6 +224,19 @@ def _development_stack() -> Any:
     return demo_flow
 
 
+#: The demo writes its run-time audit here, in its work directory (``AuditReport.as_dict()`` and the names in
+#: Bridge's optimizer groups, for a reader that checks one against the other).
+AUDIT_FILE = "audit.json"
+
+
+def _provider_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The provider fields the demo sets: full recompute when asked, and an audit as long as the run (at most the
+    default), so the run always ends with the audit's block."""
+    fields: dict[str, Any] = dict(FULL_RECOMPUTE) if args.recompute == "full" else {}
+    fields["audit_steps"] = min(args.steps, DEFAULT_STEPS)
+    return fields
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # Every refusal comes before torch, transformers or the harness's flow is imported: it answers at once.
@@ -243,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
             result = demo_flow.run_demo_flow(
                 args.model, workdir, selection=selection, steps=args.steps, seed=args.seed,
                 make_peft=lambda: make_lora(args), part_lrs=rates,
-                provider_fields=FULL_RECOMPUTE if args.recompute == "full" else None,
+                provider_fields=_provider_fields(args),
                 on_step=_Progress(args.steps, progress))
     except BaseException as exc:
         if level > logging.INFO and not isinstance(exc, BridgeFreezeError):  # Bridge's output is in the log
@@ -257,6 +270,21 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _show_audit(result: Any) -> list[str]:
+    """The run-time audit's block (and its file in the work directory); its warnings, which fail the demo."""
+    import json
+
+    if result.audit is None:
+        out("the run-time audit did not run (BRIDGE_FREEZE_AUDIT_STEPS=0?)")
+        out()
+        return []
+    out(result.audit.format())
+    out()
+    (result.workdir / AUDIT_FILE).write_text(json.dumps(
+        {"audit": result.audit.as_dict(), "optimizer_names": result.optimizer_names}, indent=1), encoding="utf-8")
+    return [f"FAIL: {line}" for line in result.audit.warnings()]
 
 
 def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rates: dict[str, float],
@@ -283,13 +311,14 @@ def _show(args: argparse.Namespace, result: Any, selection: FreezeSelection, rat
         f"{where(result.checkpoint_dir)}")
     out(f"4. bridge.save_hf_pretrained(model): {where(result.export_dir)}")
     out()
+    audit_warnings = _show_audit(result)
     out("exported HF tensors against the input checkpoint, by part (trainable: fed by a trainable parameter)")
     _print_table(result.tensors, _family_parts(args.model))
     out()
     out(f"time: {_seconds(result.seconds, total)}")
     if keep:
         out(f"kept: {result.workdir} (Bridge's output: {result.workdir / BRIDGE_LOG})")
-    failures = _verdict(result.tensors)
+    failures = _verdict(result.tensors) + audit_warnings
     for line in failures:
         out(line)
     if failures:

@@ -85,7 +85,8 @@ def test_projection_only_every_projection_tensor_learns_and_everything_else_hold
     assert {p.part.value: (p.trainable_tensors, p.with_gradient) for p in report.parts} == {
         "language_model": (0, 0), "vision_model": (0, 0), "vision_projection": (len(projection), len(projection))}
     assert all(n > 0 for n in report.part(bridge_freeze_plugin.Part.VISION_PROJECTION).grad_norms)
-    blocks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("bridge-freeze audit of")]
+    blocks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("bridge-freeze audit: Qwen3VL")
+              and r.levelno == logging.INFO]
     assert len(blocks) == 1 and "every trainable tensor got a gradient: OK" in blocks[0]
 
 

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _family_parts import part_of
 from _shared import QWEN3_PROJECTION
 
 EXE = shutil.which("bridge-freeze", path=os.path.dirname(sys.executable)) or "bridge-freeze"
@@ -301,6 +302,21 @@ def test_demo_runs_the_real_flow_and_proves_it_from_the_export(forked_command, t
     assert re.search(r"^time: .*Bridge import [\d.]+ s.*; total [\d.]+ s$", out.stdout, flags=re.MULTILINE)
     progress = out.stderr.splitlines()  # the progress only: Bridge's own output went to bridge.log
     assert [re.fullmatch(r"finetune \[[#-]{24}\] (\d)/2 loss [\d.]+", line)[1] for line in progress] == ["1", "2"]
+    _assert_the_audit_saw_exactly_what_trains(workdir, out.stdout, args[0] if args else "qwen3_vl", trains)
+
+
+def _assert_the_audit_saw_exactly_what_trains(workdir: Path, stdout: str, family: str, trains: tuple[str, ...]) -> None:
+    """The run-time audit in Bridge's finetune(): every tensor in Bridge's optimizer (read off the real optimizer)
+    learned, or is an MoE expert no token reached, and each is of a part that trains (the tests' own table)."""
+    written = json.loads((workdir / "audit.json").read_text())
+    audit, optimizer = written["audit"], set(written["optimizer_names"])
+    routed = {n for f in audit["findings"] if f["cause"] == "routing" for n in f["names"]}
+    assert [f for f in audit["findings"] if f["warned"]] == [] and audit["ok"]
+    assert set(audit["learned"]) | routed == optimizer and audit["learned"]
+    assert {part_of(family, n) for n in optimizer} == set(trains)
+    assert sum(p["trainable_tensors"] for p in audit["parts"]) == len(optimizer)
+    assert audit["steps"] == 2 and audit["held"]["through_step"] == 1
+    assert "optimizer step(s) 1-2: what learned" in stdout and "every trainable tensor got a gradient" in stdout
 
 
 def test_demo_lora_merged_export_carries_adapters_and_full_rank_parts_and_lr_zero_is_bit_identical(

@@ -22,7 +22,7 @@ import torch
 
 import bridge_freeze_plugin  # noqa: F401  (the plugin active, as in a user's job)
 from bridge_freeze_harness.run_records import Recorder, iteration_dir, read_checkpoint
-from bridge_freeze_plugin import FreezeSelection, make_freezable
+from bridge_freeze_plugin import FreezeSelection, last_audit, make_freezable
 
 pytestmark = [pytest.mark.usefixtures("cpu_bridge"), pytest.mark.slow]
 
@@ -44,6 +44,7 @@ class _LayoutRecorder(Recorder):
     """The :class:`Recorder`, plus which elements of each DDP buffer hold a parameter (dense, then expert)."""
 
     occupied: list[torch.Tensor]
+    audit: Any = None  #: the plugin's run-time audit of the run (``last_audit`` of its provider)
 
     def on_train_start(self, context: Any) -> None:
         super().on_train_start(context)
@@ -111,7 +112,19 @@ def _finetune(family: str, hf_dir: Path, workdir: Path, load: Path | None = None
     recorder = _LayoutRecorder()
     with hf_build_patches(family):
         run_training(cfg, family=family, callbacks=[recorder])
+    recorder.audit = last_audit(provider)
     return recorder
+
+
+def _assert_audited(recorder: _LayoutRecorder, frozen: set[str]) -> None:
+    """The run-time audit of the run's first 3 steps: every tensor in Bridge's optimizer (read off its real
+    optimizer) learned, or is an MoE expert no token reached; the frozen ones held."""
+    audit = recorder.audit
+    trained = set().union(*(g.names for g in recorder.groups))
+    routed = {n for f in audit.findings if f.cause == "routing" for n in f.names}
+    assert audit.ok and audit.steps == 3 and audit.learned
+    assert set(audit.learned) | routed == trained
+    assert audit.held_tensors == len(frozen)
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
@@ -133,6 +146,7 @@ def test_finetune_from_hf_resumes_bitwise_with_the_selection_kept(family, tmp_pa
     trained = set().union(*(g.names for g in full.groups))
     assert frozen and not trained & frozen
     assert any(n.startswith("language_model.") for n in trained)
+    _assert_audited(full, frozen)
     experts = {n for n in trained if ".experts." in n}
     assert bool(experts) == has_experts
     if has_experts:  # saved under megatron-core's expert keys (TE's grouped GEMM and SequentialMLP write the same)
@@ -200,6 +214,7 @@ def _finetune_tiny(family: str, workdir: Path, iters: int, *, pretrained: Path |
                           distributed_optimizer=True, lr=1e-2, bf16_mixed=family in BF16_MIXED)
     recorder = _LayoutRecorder()
     run_training(cfg, family=family, callbacks=[recorder])
+    recorder.audit = last_audit(provider)
     return recorder
 
 
@@ -221,6 +236,7 @@ def test_finetune_of_a_remote_code_family_resumes_bitwise_with_the_selection_kep
     frozen = {n for n in full.initial if re.search(frozen_names, n)}
     trained = set().union(*(g.names for g in full.groups))
     assert frozen and trained == set(full.initial) - frozen  # exactly the rest: language model, projection(s)
+    _assert_audited(full, frozen)
     assert any(re.match(r"(llava_model\.)?language_model\.", n) for n in trained)
     assert bool({n for n in trained if ".experts." in n}) == has_experts
     # the frozen parts (their buffers too: Omni's conformer BatchNorm statistics) are bitwise the pretrained ones
