@@ -26,6 +26,7 @@ FIGURES: dict[str, str] = {
     "plan": "benchmarks.plan",
     "recompute": "benchmarks.recompute",
     "sync": "benchmarks.sync",
+    "audit": "benchmarks.audit",
     "gpu": "benchmarks.gpu_memory",  # measured on CUDA only; elsewhere plan's figures and "skipped"
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
