@@ -100,7 +100,7 @@ LONGEST_FILES = (
 #: ``--dist loadfile``, so that one worker starts the server (about 15 CPU-seconds and 1 GB), not each.
 FORKSERVER_FILES = frozenset({
     "test_cli.py", "test_bridge_training.py", "test_distributed.py", "test_plan_per_rank.py", "test_forked_commands.py",
-    "test_refit_info.py", "test_trainable_sync.py",
+    "test_refit_info.py", "test_trainable_sync.py", "test_audit_distributed.py",
 })
 
 try:

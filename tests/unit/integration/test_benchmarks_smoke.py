@@ -20,6 +20,7 @@ EXPECTED = {
     "plan": {"available", "time_ratio", "peak_rss_ratio", "ratio_arm"},
     "recompute": {"cpu_tiny", "full_size_estimate"},
     "sync": {"selections", "all_bytes_ratios_are_shares", "checkpoint_bytes"},
+    "audit": {"selections", "max_ratio_after", "cpu_checksum", "audited_steps"},
     # measured only on CUDA (elsewhere "skipped" beside plan's figures for the same config.json)
     "gpu": {"config", "geometry", "plan", "attention_scores_bytes"},
 }
@@ -61,6 +62,9 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert recompute["vision_recompute"] == {"everywhere": "full", "fix": None}
     assert recompute["full_recompute_everywhere_bytes"] < recompute["vision_recompute_off_bytes"]
     assert recompute["vision_recompute_off_bytes"] < recompute["no_recompute_bytes"]
+    audit = result["figures"]["audit"]["selections"]
+    assert audit["projection only"]["held_tensors"] > 0 and audit["full fine-tuning"]["held_tensors"] == 0
+    assert set(audit["projection only"]["ratio"]) == {"audited steps", "last check", "after the audit"}
     assert "written:" in proc.stdout
 
 
