@@ -78,7 +78,7 @@ def _timed(step: Any, count: int) -> list[float]:
 
 def _selection_figure(quick: bool, selection: Any, repeat: int) -> dict[str, Any]:
     from bridge_freeze_plugin import last_audit
-    from bridge_freeze_plugin.audit._run import RunAudit
+    from bridge_freeze_plugin.audit import RunAudit
     from bridge_freeze_plugin.request import AuditSettings
 
     provider, chunks, _, build, step = _loop(quick, selection)
@@ -116,7 +116,7 @@ def _checksum_rate(quick: bool) -> dict[str, Any]:
     """The accelerator fingerprint (two 64-bit sums of the bit pattern), timed on the CPU: bytes per second."""
     import torch
 
-    from bridge_freeze_plugin.audit._fingerprint import checksum
+    from bridge_freeze_plugin.audit import checksum
 
     tensor = torch.randn((1 << 20) if quick else (1 << 24), dtype=torch.bfloat16)
     checksum(tensor)

@@ -18,8 +18,9 @@ cause it can see; and it checks that nothing frozen got a gradient or changed. T
 Importing it imports neither torch nor Megatron.
 """
 
+from bridge_freeze_plugin.audit._fingerprint import Fingerprints, checksum
 from bridge_freeze_plugin.audit._report import CAUSES, AuditReport, Finding, PartAudit, compress
-from bridge_freeze_plugin.audit._run import PENDING, arm, audit_of, last_audit
+from bridge_freeze_plugin.audit._run import PENDING, RunAudit, arm, audit_of, last_audit
 from bridge_freeze_plugin.audit._seam import FINALIZE, audit_step, install
 
 __all__ = [
@@ -28,10 +29,13 @@ __all__ = [
     "PENDING",
     "AuditReport",
     "Finding",
+    "Fingerprints",
     "PartAudit",
+    "RunAudit",
     "arm",
     "audit_of",
     "audit_step",
+    "checksum",
     "compress",
     "install",
     "last_audit",

@@ -1,9 +1,10 @@
 """One model's run-time audit, from its build to the optimizer step after its last audited one.
 
 - armed when the plugin built the model for training (:func:`arm`, a build listener): a forward pre-hook on each
-  chunk, and a forward hook on each module that holds parameters (noting that it ran a training forward);
-- at the model's first forward (after any checkpoint load): the tensors that must hold are fingerprinted
-  (:mod:`._fingerprint`), and the pre-hooks removed;
+  chunk (nothing else until the model trains: a model dropped untrained costs nothing);
+- at the model's first training forward (grad enabled, after any checkpoint load): what to watch (:mod:`._watch`), a
+  forward hook on each module that holds parameters (noting that it ran), and the fingerprint of what must hold
+  (:mod:`._fingerprint`);
 - after each of the first K steps' ``finalize_model_grads`` (:mod:`._seam`): the gradients counted
   (:mod:`._gradients`), and the held tensors compared with their fingerprint (a change, or a frozen parameter
   with a gradient, raises :class:`FrozenPartTrainedError` on every rank);
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ from bridge_freeze_plugin.audit._fingerprint import Fingerprints
 from bridge_freeze_plugin.audit._gradients import GradientTally, grad_of
 from bridge_freeze_plugin.audit._report import AuditReport, compress
 from bridge_freeze_plugin.audit._summary import summarize
-from bridge_freeze_plugin.audit._watch import Tracked, read_learning_rates, watch_of
+from bridge_freeze_plugin.audit._watch import Tracked, Watch, read_learning_rates, watch_of
 from bridge_freeze_plugin.errors import FrozenPartTrainedError, TrainingAuditError, some_of
 from bridge_freeze_plugin.prewrap import STATE, IdentityTable, TrainingBuild, agree_on_error, as_chunks
 from bridge_freeze_plugin.ranks import is_rank0
@@ -31,8 +33,9 @@ from bridge_freeze_plugin.ranks import is_rank0
 logger = logging.getLogger("bridge_freeze_plugin")
 
 #: id(first parameter of a chunk) -> the audit of the model it belongs to (the chunks keep their parameters'
-#: identity through Float16Module and DDP); empty once every audit is done.
-PENDING: dict[int, RunAudit] = {}
+#: identity through Float16Module and DDP), by weak reference: the model's own hooks hold its audit, so a model
+#: dropped untrained is collected with it; empty once every audit is done.
+PENDING: dict[int, weakref.ref[RunAudit]] = {}
 #: provider -> its model's :class:`AuditReport`
 REPORTS = IdentityTable()
 
@@ -51,8 +54,11 @@ def audit_of(model: Any) -> RunAudit | None:
     if not PENDING:
         return None
     for chunk in as_chunks(model):
-        first = next(iter(chunk.parameters()), None)
-        if first is not None and (audit := PENDING.get(id(first))) is not None:
+        parameters = getattr(chunk, "parameters", None)
+        first = next(iter(parameters()), None) if callable(parameters) else None
+        ref = PENDING.get(id(first)) if first is not None else None
+        audit = ref() if ref is not None else None
+        if audit is not None and any(p is first for p in audit.first_parameters()):
             return audit
     return None
 
@@ -67,7 +73,8 @@ class RunAudit:
         self.report_parts = build.report.part_names
         self.provider = build.provider
         self.chunks = list(build.chunks)
-        self.watch = watch_of(build)
+        self._build: TrainingBuild | None = build
+        self.watch = Watch([], {})  # filled at the first training forward (:meth:`start`)
         self.held: Fingerprints | None = None
         self.frozen: list[Tracked] = []
         self._held_params: list[Tracked] = []
@@ -76,24 +83,31 @@ class RunAudit:
         self.step = 0
         self.seconds = 0.0
         self.report: AuditReport | None = None
+        # The chunks' pre-hooks hold the audit (PENDING only refers to it): a model dropped untrained takes its
+        # audit with it. They do nothing once the audit has started.
         self._pre = [chunk.register_forward_pre_hook(self._first_forward) for chunk in self.chunks]
-        ran = functools.partial(_note_run, self.watch.ran)
-        self.watch.handles.extend(module.register_forward_hook(ran) for module in self.watch.modules)
+        for key in [k for k, ref in PENDING.items() if ref() is None]:  # audits of models collected untrained
+            del PENDING[key]
         for chunk in self.chunks:
             first = next(iter(chunk.parameters()), None)
             if first is not None:
-                PENDING[id(first)] = self
+                PENDING[id(first)] = weakref.ref(self)
 
-    def _first_forward(self, _module: Any, _inputs: Any) -> None:
-        if self.held is None:
+    def _first_forward(self, module: Any, _inputs: Any) -> None:
+        import torch
+
+        if self.held is None and module.training and torch.is_grad_enabled():
             self.start()
 
     def start(self) -> None:
-        """Fingerprint what must hold (the model as the first forward finds it, checkpoint loaded)."""
+        """At the first training forward (a checkpoint loaded, the optimizer built): what to watch, the modules'
+        hooks, and the fingerprint of what must hold."""
         started = time.perf_counter()
-        for handle in self._pre:
-            handle.remove()
-        self._pre = []
+        assert self._build is not None
+        self.watch = watch_of(self._build)
+        self._build = None
+        ran = functools.partial(_note_run, self.watch.ran)
+        self.watch.handles.extend(module.register_forward_hook(ran) for module in self.watch.modules)
         read_learning_rates(self.watch, self.chunks)
         self.frozen = [t for t in self.watch.tracked if not t.param.requires_grad]
         self._held_params = self.watch.held_parameters()
@@ -101,6 +115,9 @@ class RunAudit:
         self._held_buffers = len(buffers)
         self.held = Fingerprints([*((t.name, t.param) for t in self._held_params), *buffers])
         self.seconds += time.perf_counter() - started
+
+    def first_parameters(self) -> list[Any]:
+        return [p for p in (next(iter(c.parameters()), None) for c in self.chunks) if p is not None]
 
     def held_counts(self) -> tuple[int, int]:
         """(held parameters this rank counts model-wide, held buffers it counts), for the report."""
@@ -200,7 +217,7 @@ class RunAudit:
         self._pre = []
         self.watch.remove_hooks()
         self.held = None
-        for key in [k for k, v in PENDING.items() if v is self]:
+        for key in [k for k, ref in PENDING.items() if ref() is self or ref() is None]:
             del PENDING[key]
 
 

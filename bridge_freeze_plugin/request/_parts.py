@@ -68,8 +68,7 @@ VOCABULARY: tuple[PartInfo, ...] = (
     PartInfo("vision_model", "vision encoder", assumed=True, linear=True, media="image"),
     PartInfo("vision_projection", "vision projection", assumed=True, projection=True, media="image"),
     PartInfo("audio_model", "audio encoder", aliases=("freeze_sound_encoder",), linear=True, media="audio"),
-    PartInfo("audio_projection", "audio projection", aliases=("freeze_sound_projection",), projection=True,
-             media="audio"),
+    PartInfo("audio_projection", "audio projection", ("freeze_sound_projection",), projection=True, media="audio"),
 )
 
 #: The name of the catch-all part: known modules outside every part (a talker, an MTP head): no flag touches them.

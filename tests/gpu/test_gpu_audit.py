@@ -19,7 +19,7 @@ PROJECTION = re.compile(r"^vision_model\.(merger|decoder\.deepstack_merger_list)
 def test_the_device_checksum_sees_one_element_and_says_its_rate(cuda_world):
     import torch
 
-    from bridge_freeze_plugin.audit._fingerprint import Fingerprints, checksum
+    from bridge_freeze_plugin.audit import Fingerprints, checksum
 
     tensor = torch.randn(1 << 27, dtype=torch.bfloat16, device="cuda")  # 256 MiB
     prints = Fingerprints([("t", tensor)])

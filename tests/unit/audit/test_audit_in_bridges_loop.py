@@ -292,3 +292,32 @@ def test_the_block_lists_each_part_with_its_counts(tmp_path):
     assert rows["language_model"] == (counts["language_model"], str(counts["language_model"]))
     assert rows["vision_projection"] == (counts["vision_projection"], str(counts["vision_projection"]))
     assert rows["vision_model"] == (0, "-")
+
+
+def test_a_model_dropped_untrained_takes_its_audit_with_it_and_an_inference_forward_starts_nothing():
+    import gc
+    import weakref
+
+    import torch
+
+    from bridge_freeze_harness.cpu_training import cpu_training
+    from bridge_freeze_harness.ddp_steps import build_ddp_chunks
+    from bridge_freeze_harness.forward import forward_patches
+    from bridge_freeze_harness.train import make_provider, synthetic_batch, train_spec
+    from bridge_freeze_plugin.audit import audit_of
+
+    provider = make_freezable(make_provider("qwen3_vl"), PROJECTION_ONLY)
+    with cpu_training("qwen3_vl"), forward_patches("qwen3_vl"):
+        chunks = build_ddp_chunks(provider, "qwen3_vl", distributed_optimizer=False, bf16=False, device="cpu")
+        audit = audit_of(chunks)
+        assert audit is not None and audit.held is None
+        modules = list(chunks[0].modules())
+        assert not [m for m in modules if m._forward_hooks]  # nothing hooked until the model trains
+        batch = synthetic_batch("qwen3_vl", provider)
+        with torch.no_grad():  # a log-probability pass, say
+            chunks[0](**train_spec("qwen3_vl").forward_kwargs(batch))
+        assert audit.held is None and not [m for m in modules if m._forward_hooks]
+    gone = weakref.ref(audit)
+    del chunks, audit, modules
+    gc.collect()
+    assert gone() is None
