@@ -43,7 +43,7 @@ def _names(family: str) -> dict[str, str]:
 
 def _run(tmp_path: Path, family: str = "qwen3_vl", selection: FreezeSelection = PROJECTION_ONLY, *,
          hooks: tuple[Any, ...] = (), media: bool = True, fields: dict[str, Any] | None = None,
-         part_lrs: Any = None, callbacks: list[Any] | None = None, iters: int = ITERS) -> Any:
+         part_lrs: Any = None, callbacks: list[Any] | None = None, iters: int = ITERS, bf16: bool = False) -> Any:
     """Bridge's ``pretrain()`` of the family's tiny provider with ``selection``; the provider (``last_audit``)."""
     from bridge_freeze_harness.cpu_training import run_training, synthetic_dataset_config, training_config
     from bridge_freeze_harness.train import make_provider
@@ -53,12 +53,20 @@ def _run(tmp_path: Path, family: str = "qwen3_vl", selection: FreezeSelection = 
         setattr(provider, key, value)
     for hook in hooks:
         provider.register_pre_wrap_hook(hook)
-    cfg = training_config(provider, tmp_path, iters, family=family, optimizer_config_override_provider=part_lrs)
+    cfg = training_config(provider, tmp_path, iters, family=family, optimizer_config_override_provider=part_lrs,
+                          bf16_mixed=bf16)
     cfg.checkpoint.save = None  # nothing here reads a checkpoint
     if not media:
         cfg.dataset = synthetic_dataset_config(family, provider, media=False)
     run_training(cfg, family=family, callbacks=callbacks)
     return provider
+
+
+def _pending(provider: Any) -> list[Any]:
+    """The pending audits of ``provider``'s models."""
+    from bridge_freeze_plugin.audit import PENDING
+
+    return [a for a in (ref() for ref in PENDING.values()) if a is not None and a.provider is provider]
 
 
 @pytest.fixture
@@ -249,24 +257,22 @@ def test_strict_mode_raises_instead_of_warning(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("how", ["field", "variable"])
 def test_the_audit_turned_off_runs_nothing(tmp_path, monkeypatch, caplog, how):
-    from bridge_freeze_plugin.audit import PENDING
 
     caplog.set_level(logging.INFO, logger="bridge_freeze_plugin")
     if how == "variable":
         monkeypatch.setenv("BRIDGE_FREEZE_AUDIT_STEPS", "0")
     provider = _run(tmp_path, hooks=(_detach_merger,), fields={"audit_steps": 0} if how == "field" else None)
-    assert last_audit(provider) is None and not [a for a in PENDING.values() if a.provider is provider]
+    assert last_audit(provider) is None and not _pending(provider)
     assert not [r for r in caplog.records if r.getMessage().startswith("bridge-freeze audit")]
 
 
 def test_audit_steps_sets_how_many_steps_and_the_audit_is_gone_after(tmp_path):
-    from bridge_freeze_plugin.audit import PENDING
 
     provider = _run(tmp_path, fields={"audit_steps": 1}, iters=3)
     report = last_audit(provider)
     assert report.steps == 1 and report.held_through == 0 and len(report.part(
         bridge_freeze_plugin.Part.VISION_PROJECTION).grad_norms) == 1
-    assert not [a for a in PENDING.values() if a.provider is provider]  # checked after optimizer step 1, removed
+    assert not _pending(provider)  # checked once more after optimizer step 1, then removed
 
 
 def test_a_malformed_setting_fails_before_the_model_is_built(monkeypatch):
@@ -321,3 +327,47 @@ def test_a_model_dropped_untrained_takes_its_audit_with_it_and_an_inference_forw
     del chunks, audit, modules
     gc.collect()
     assert gone() is None
+
+
+class _StatisticsMoveAgain:
+    """A Bridge callback undoing the plugin's eval-mode forward of frozen BatchNorms (what round 4 found)."""
+
+    def on_train_start(self, context: Any) -> None:
+        from bridge_freeze_plugin.prewrap import STATS_ATTR
+
+        for chunk in context.model:
+            for module in chunk.modules():
+                if getattr(module, STATS_ATTR, False):
+                    setattr(module, STATS_ATTR, False)
+
+
+OMNI_FROZEN_ENCODERS = FreezeSelection(freeze_vision_model=True, freeze_audio_model=True)
+
+
+def test_a_frozen_sound_encoders_batchnorm_statistics_are_held(tmp_path):
+    """Nemotron Omni's conformer sound encoder (BatchNorm) frozen: its statistics are among what holds (Bridge's
+    nemotron_omni_step hands bf16 media: the bf16_mixed recipe)."""
+    from bridge_freeze_harness.tiny import build_tiny_model
+    from bridge_freeze_harness.train import make_provider
+
+    model = build_tiny_model("nemotron_omni", make_provider("nemotron_omni"))
+    statistics = {n for n, _ in model.named_buffers() if n.startswith("llava_model.sound_model.")
+                  and n.rpartition(".")[2] in ("running_mean", "running_var")}
+    report = last_audit(_run(tmp_path, "nemotron_omni", OMNI_FROZEN_ENCODERS, fields={"audit_steps": 1}, iters=2,
+                             bf16=True))
+    assert statistics and report.held_buffers >= len(statistics) and report.steps == 1
+
+
+def test_batchnorm_statistics_that_move_in_a_frozen_encoder_are_an_error_naming_them(tmp_path):
+    from bridge_freeze_harness.run_records import Recorder
+
+    class Mover(Recorder, _StatisticsMoveAgain):
+        def on_train_start(self, context: Any) -> None:
+            Recorder.on_train_start(self, context)
+            _StatisticsMoveAgain.on_train_start(self, context)
+
+    with pytest.raises(FrozenPartTrainedError, match=r"llava_model\.sound_model\..*running_mean") as raised:
+        _run(tmp_path, "nemotron_omni", OMNI_FROZEN_ENCODERS, fields={"audit_steps": 1}, iters=2, bf16=True,
+             callbacks=[Mover()])
+    message = str(raised.value)
+    assert "step 1, before any optimizer step" in message and "running statistics move" in message
