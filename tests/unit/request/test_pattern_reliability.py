@@ -99,10 +99,12 @@ POLYNOMIAL = [r".*.*.*x", r"(.*)(.*)(.*)x", r"\w*\w*\w*!", r"[a-z_.0-9]*[a-z_.0-
 
 @pytest.mark.parametrize("text", EXPONENTIAL + POLYNOMIAL)
 def test_catastrophic_shapes_are_refused_when_compiled(text):
-    start = time.perf_counter()
+    # CPU seconds of this process, not wall time (a loaded machine is no failure): the check is a static one, and a
+    # shape that reached the regex engine would take minutes, not seconds
+    start = time.process_time()
     with pytest.raises(InvalidPatternError, match=re.escape(f"train_patterns entry '{text}' is refused")) as info:
         FreezeSelection(freeze_language_model=True, train_patterns=[text])
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 2.0
     message = str(info.value)
     assert "checked for such shapes when it is compiled, before any model is built" in message
     assert "Rewrite it" in message
@@ -138,9 +140,9 @@ REALISTIC = [
 
 @pytest.mark.parametrize("text", REALISTIC)
 def test_realistic_patterns_are_accepted_and_match_what_re_says(text):
-    start = time.perf_counter()
+    start = time.process_time()  # CPU seconds, as above
     got = plugin_matches(text)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 2.0
     assert got == oracle(text)
 
 
