@@ -60,6 +60,7 @@ from bridge_freeze_plugin.prewrap import (
     STATE,
     declared_default,
     is_plugin_class,
+    keeps,
     on_training_build,
     resolve_family,
 )
@@ -196,7 +197,7 @@ _PROVIDER_BASE = ("megatron.bridge.models.model_provider", "ModelProviderMixin")
 
 
 def _guard(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
+    @keeps(original, mark=False)
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _left_to_bridge(self):
             resolve_family(self)  # a flag set on a provider no family covers raises, before any build

@@ -18,6 +18,7 @@ from bridge_freeze_plugin.prewrap import (
     FlagField,
     flag_attributes,
     is_plugin_class,
+    keeps,
     provide_distributed_frozen,
     provide_frozen,
 )
@@ -27,11 +28,10 @@ logger = logging.getLogger("bridge_freeze_plugin")
 
 
 def _wrap(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
+    @keeps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         return run(self, functools.partial(original, self), *args, **kwargs)
 
-    wrapper.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -10,7 +10,7 @@ from types import ModuleType
 
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, checked_setup_optimizer
-from bridge_freeze_plugin.prewrap import RUN_CONFIG_READERS, STATE, get_model_frozen, recording
+from bridge_freeze_plugin.prewrap import RUN_CONFIG_READERS, STATE, get_model_frozen, keeps, recording
 
 
 def guard_adapter_exports(module: ModuleType) -> None:
@@ -37,8 +37,7 @@ def route_get_model(module: ModuleType) -> None:
         return
     with STATE.lock:
         STATE.guarded.setdefault(module, {})[GET_MODEL[1]] = original  # type: ignore[index]
-        routed = functools.wraps(original)(functools.partial(get_model_frozen, original))
-        routed.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
+        routed = keeps(original)(functools.partial(get_model_frozen, original))
         setattr(module, GET_MODEL[1], routed)
 
 

@@ -17,11 +17,11 @@ keys a class does not take, with a warning.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
+from bridge_freeze_plugin.prewrap import keeps
 from bridge_freeze_plugin.request import DEFAULT_STEPS, FLAGS
 
 
@@ -97,7 +97,7 @@ def accepting_plugin_fields(init: Callable[..., None]) -> Callable[..., None]:
     signature = inspect.signature(init)
     added = {name: fld for name, fld in {**FLAG_FIELDS, **PLUGIN_FIELDS}.items() if name not in signature.parameters}
 
-    @functools.wraps(init)
+    @keeps(init, mark=False)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         extra = {name: kwargs.pop(name) for name in added if name in kwargs}
         init(self, *args, **kwargs)

@@ -17,14 +17,13 @@ dict. Each replaced binding is recorded for ``deactivate()``.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from bridge_freeze_plugin.audit import _run
-from bridge_freeze_plugin.prewrap import STATE
+from bridge_freeze_plugin.prewrap import STATE, keeps
 
 #: The module that defines the function, and its name there.
 FINALIZE = ("megatron.core.distributed.finalize_model_grads", "finalize_model_grads")
@@ -41,7 +40,7 @@ def audit_step(model: Any) -> None:
 def audited(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` (megatron-core's ``finalize_model_grads``), then :func:`audit_step` on its model."""
 
-    @functools.wraps(original)
+    @keeps(original)
     def finalize_model_grads(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         if _run.PENDING:
@@ -50,7 +49,6 @@ def audited(original: Callable[..., Any]) -> Callable[..., Any]:
                 audit_step(model)
         return result
 
-    finalize_model_grads.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
     return finalize_model_grads
 
 

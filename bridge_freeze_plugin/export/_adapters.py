@@ -15,14 +15,13 @@ them too; the model guards refuse such a model whatever the flags (the build ref
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import AdapterExportError, some_of
-from bridge_freeze_plugin.prewrap import PART_ATTR, linear_adapters
+from bridge_freeze_plugin.prewrap import PART_ATTR, keeps, linear_adapters
 from bridge_freeze_plugin.request import FLAGS, INFO, SELECTABLE_PARTS, Part
 
 AUTO_BRIDGE = ("megatron.bridge.models.conversion.auto_bridge", "AutoBridge")
@@ -123,7 +122,7 @@ def _guarded(
     signature = inspect.signature(original)
     source_name = list(signature.parameters)[1]  # after self: model / peft_checkpoint
 
-    @functools.wraps(original)
+    @keeps(original)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
             bound = signature.bind(*args, **kwargs)
@@ -136,7 +135,6 @@ def _guarded(
             _refuse_linear_adapters(what, source)
         return original(*args, **kwargs)
 
-    guarded.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
     return guarded
 
 

@@ -18,10 +18,11 @@ whose groups came back with other values is an error before the next step.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from bridge_freeze_plugin.prewrap import keeps
 
 #: The parameter-group keys the plugin's per-part overrides set (``part_lr_overrides``).
 OVERRIDE_KEYS = ("max_lr", "min_lr")
@@ -70,7 +71,7 @@ def keep_part_groups_on_load(optimizer: Any, check: Callable[[], Any]) -> None:
 
 
 def _paired_by_override_keys(real: Callable[..., Any], then: Callable[[], Any] | None) -> Callable[..., Any]:
-    @functools.wraps(real)
+    @keeps(real, mark=False)
     def call(*args: Any, **kwargs: Any) -> Any:
         with _identified_by_override_keys():
             result = real(*args, **kwargs)

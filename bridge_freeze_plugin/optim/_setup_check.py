@@ -9,12 +9,12 @@ what it built: a per-part learning rate the optimizer did not apply is an error 
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from bridge_freeze_plugin.prewrap import keeps
 from bridge_freeze_plugin.ranks import is_rank0
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -28,7 +28,7 @@ def checked(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` (Bridge's ``setup_optimizer``), then the per-part learning-rate check on its result."""
     signature = inspect.signature(original)
 
-    @functools.wraps(original)
+    @keeps(original)
     def setup_optimizer(*args: Any, **kwargs: Any) -> Any:
         from bridge_freeze_plugin.optim._verify import verify_part_learning_rates
         from bridge_freeze_plugin.optim.bridge import PartLROverrideProvider
@@ -46,5 +46,4 @@ def checked(original: Callable[..., Any]) -> Callable[..., Any]:
                     f"{part} {peak:g} (min {low:g})" for part, (peak, low) in sorted(applied.items())))
         return result
 
-    setup_optimizer.__bridge_freeze_wrapped__ = original  # type: ignore[attr-defined]
     return setup_optimizer

@@ -25,6 +25,7 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 - :mod:`._provider`: the questions asked of a provider (its family, its flags, Bridge's own defaults);
 - :mod:`._state`: the plugin's one mutable state (patch records, per-provider and per-chunk state);
 - :mod:`._counting` and :mod:`._report`: parameters counted per part, and the :class:`FreezeReport`;
+- :mod:`._wrapping`: :func:`keeps`, how the plugin wraps a Bridge / megatron-core function (all it had kept);
 - :mod:`._recompute`: which parts full activation recompute concerns (the rule :mod:`._recompute_fix` applies).
 """
 
@@ -71,8 +72,10 @@ from bridge_freeze_plugin.prewrap._state import (
     chunk_state,
     on_training_build,
 )
+from bridge_freeze_plugin.prewrap._wrapping import CACHE_METHODS, keeps
 
 __all__ = [
+    "CACHE_METHODS",
     "INSTANTIATE",
     "MISSING",
     "PART_ATTR",
@@ -110,6 +113,7 @@ __all__ = [
     "instantiating",
     "is_full",
     "is_plugin_class",
+    "keeps",
     "last_report",
     "linear_adapters",
     "log_report",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Any
 from bridge_freeze_plugin.prewrap._provider import declared_default
 from bridge_freeze_plugin.prewrap._saved import SavedConfig, saved_flags, saved_for_model
 from bridge_freeze_plugin.prewrap._state import STATE
+from bridge_freeze_plugin.prewrap._wrapping import keeps
 
 #: Bridge's ``instantiate`` (``load_model_config`` imports it from here at each call), as (module, name).
 INSTANTIATE = ("megatron.bridge.utils.instantiate_utils", "instantiate")
@@ -139,7 +139,7 @@ def mark_loaded(provider: Any, saved: SavedConfig) -> None:
 def instantiating(instantiate: Callable[..., Any]) -> Callable[..., Any]:
     """Bridge's ``instantiate(config, ...)`` that marks what it makes from a recorded saved ``model`` section."""
 
-    @functools.wraps(instantiate)
+    @keeps(instantiate)
     def wrapper(config: Any, *args: Any, **kwargs: Any) -> Any:
         made = instantiate(config, *args, **kwargs)
         saved = saved_for_model(config)
@@ -147,7 +147,6 @@ def instantiating(instantiate: Callable[..., Any]) -> Callable[..., Any]:
             mark_loaded(made, saved)
         return made
 
-    wrapper.__bridge_freeze_wrapped__ = instantiate  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -13,12 +13,12 @@ true flag attributed by class, to the latest saved config of its class read by t
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge_freeze_plugin.prewrap._wrapping import keeps
 from bridge_freeze_plugin.request import ALIASES, FLAGS
 
 #: Bridge's reader of a saved run config: where it is defined, and the module that imports it by name (its
@@ -68,13 +68,12 @@ def saved_for_model(section: Any) -> SavedConfig | None:
 def recording(read: Callable[..., Any]) -> Callable[..., Any]:
     """Bridge's ``read_run_config(filename)`` that also records what it read."""
 
-    @functools.wraps(read)
+    @keeps(read)
     def read_run_config(run_config_filename: Any, *args: Any, **kwargs: Any) -> Any:
         config = read(run_config_filename, *args, **kwargs)
         record_saved(run_config_filename, config)
         return config
 
-    read_run_config.__bridge_freeze_wrapped__ = read  # type: ignore[attr-defined]
     return read_run_config
 
 
