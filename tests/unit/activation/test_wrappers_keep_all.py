@@ -99,7 +99,7 @@ def test_every_installed_wrapper_has_all_its_original_had(cpu_bridge):
         if installed is None or installed is original or not callable(original):
             continue  # not a function wrapper (a restored default, a class attribute)
         label = f"{getattr(owner, '__name__', owner)}.{name}"
-        assert inspect.unwrap(installed, stop=lambda f: f is original) is original, label  # __wrapped__ leads back
+        assert inspect.unwrap(installed, stop=lambda f, o=original: f is o) is original, label  # __wrapped__ leads back
         assert installed.__name__ == original.__name__ and installed.__doc__ == original.__doc__, label
         try:
             expected = inspect.signature(original)
@@ -114,4 +114,4 @@ def test_every_installed_wrapper_has_all_its_original_had(cpu_bridge):
     assert {"checkpoint_utils.read_run_config", "model_provider.get_model"} <= {
         label.rsplit(".", 2)[-2] + "." + label.rsplit(".", 1)[-1] for label in checked}, sorted(checked)
     assert any(label.endswith("read_run_config") for label in checked)
-    assert all(hasattr(getattr(importlib.import_module(MODULES[0]), "read_run_config"), m) for m in CACHE_METHODS)
+    assert all(hasattr(importlib.import_module(MODULES[0]).read_run_config, m) for m in CACHE_METHODS)
