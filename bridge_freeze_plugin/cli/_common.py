@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
+from bridge_freeze_plugin.errors import CommandError
 from bridge_freeze_plugin.request import FLAGS, INFO, VOCABULARY, FreezeSelection, Part
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -111,6 +112,11 @@ def add_selection_flags(parser: argparse.ArgumentParser, *, demo: bool = True) -
 def selection_from(args: argparse.Namespace, default: FreezeSelection | None = None) -> FreezeSelection:
     """The selection the --freeze-* flags ask for; ``default`` when none is given (and not --train-all)."""
     chosen = FreezeSelection(**{flag: bool(getattr(args, flag, False)) for flag in FLAGS})
+    if getattr(args, "train_all", False) and chosen.any_set:
+        given = [info.option for info in VOCABULARY if getattr(args, info.flag, False)]
+        raise CommandError(f"--train-all (set no flag: train every part) cannot be given with {', '.join(given)}: "
+                           f"give --train-all alone to train the whole model, or only the --freeze-* options for the "
+                           f"parts to freeze")
     if default is None or chosen.any_set or getattr(args, "train_all", False):
         return chosen
     return default

@@ -393,6 +393,10 @@ def test_demo_refusals_are_one_line_before_any_work(tmp_path):
         assert out.stderr.rstrip().endswith(f"families it runs: {', '.join(DEMO_FAMILIES)}")
     out = run("demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection")
     assert out.returncode == 2 and "nothing would train" in out.stderr
+    for freeze in (["--freeze-vision-model"], ["--freeze-language-model", "--freeze-audio-model"]):
+        out = run("demo", "qwen25_omni", "--train-all", *freeze)  # issue 46 item 17: was --train-all dropped
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert f"--train-all (set no flag: train every part) cannot be given with {', '.join(freeze)}" in out.stderr
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "keep.txt").write_text("mine")
     out = run("demo", "--workdir", str(tmp_path / "used"))
@@ -405,7 +409,8 @@ def test_demo_refusals_import_no_model_code():
     family modules' sources): a user waits a fraction of a second for it, not the stack's import."""
     heavy = ("torch", "transformers", "megatron", "bridge_freeze_harness.demo_flow", "bridge_freeze_harness.tiny.")
     argvs = [["demo", family] for family in DEMO_REFUSED] + [
-        ["demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection"]]
+        ["demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection"],
+        ["demo", "--train-all", "--freeze-vision-model"]]
     code = (
         "import sys\nfrom bridge_freeze_plugin.cli import main\n"
         f"codes = [main(argv) for argv in {argvs!r}]\n"
