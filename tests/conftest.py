@@ -86,13 +86,15 @@ def _spawning_names(path: str) -> set[str]:
 
 # ---- Order: the longest files first -----------------------------------------------------------------
 # ``make test`` runs whole files in 2 workers (pytest-xdist, --dist loadfile), handed out in collection order:
-# the longest started last would leave one worker idle at the end. These files (the longest in a CI run of
-# 2026-12-04, longest first) run first; every other file after them in the usual order. Order only: each
+# the longest started last would leave one worker idle at the end. These files (the longest in a run of
+# 2026-12-07 on 2 cores, longest first) run first; every other file after them in the usual order. Order only: each
 # file's tests keep theirs, and no result depends on it (a one-process run takes the same order).
 LONGEST_FILES = (
-    "test_cli.py", "test_plan_published.py", "test_benchmarks_smoke.py", "test_config_reliability.py",
-    "test_activation.py", "test_config_trainers.py", "test_provider_invisible.py", "test_trainable_sync.py",
-    "test_hf_roundtrip.py", "test_bridge_training.py",
+    "test_cli.py", "test_plan_published.py", "test_benchmarks_smoke.py", "test_family_resume.py",
+    "test_prediction_agreement.py", "test_activation.py", "test_config_trainers.py", "test_family_qwen_omni.py",
+    "test_families.py", "test_freezable_serialisation.py", "test_audit_in_bridges_loop.py",
+    "test_activation_state.py", "test_provider_round_trip.py", "test_bridge_training.py",
+    "test_adding_a_family.py", "test_plan_sync.py", "test_provider_invisible.py", "test_hf_roundtrip.py",
 )
 
 

@@ -40,8 +40,35 @@ SIZE_KEYS = frozenset({
 DEFAULT_MAX_LAYER_BLOCKS = 50_000
 
 
+#: A config.json is a few KB (Kimi K2.5's, the largest family config, about 10 KB; with a quantization section at
+#: most tens of KB): a file larger than this, or nesting deeper, is not one, and is refused before it is parsed
+#: whole (a JSON nested thousands deep overflows the parser's stack).
+MAX_CONFIG_BYTES = 8 * 2**20
+MAX_CONFIG_DEPTH = 64
+
+
+def _nesting(doc: Any) -> int:
+    """How deep ``doc``'s objects and arrays nest (iteratively: no recursion of ours to overflow)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        value, level = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_CONFIG_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def read_config(cfg_file: Path) -> dict[str, Any]:
     """The JSON object in ``cfg_file``; a :class:`PlanError` for a file that is not one."""
+    size = cfg_file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise PlanError(f"{cfg_file} is {size / 2**20:.1f} MiB: a config.json is a few KB (at most "
+                        f"{MAX_CONFIG_BYTES // 2**20} MiB are read); give the model's own config.json, not a "
+                        f"weights or index file")
     raw = cfg_file.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -56,10 +83,19 @@ def read_config(cfg_file: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise PlanError(f"{cfg_file} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
                         f"fix the file; a config.json is one JSON object") from exc
+    except RecursionError as exc:  # nested past the parser's stack
+        raise PlanError(_too_deep(cfg_file)) from exc
+    if _nesting(doc) > MAX_CONFIG_DEPTH:
+        raise PlanError(_too_deep(cfg_file))
     if not isinstance(doc, dict):
         raise PlanError(f"{cfg_file} holds a JSON {_json_kind(doc)} at the top level: a config.json is one "
                         f'JSON object, {{"model_type": ..., ...}}; give the model\'s own config.json')
     return doc
+
+
+def _too_deep(cfg_file: Path) -> str:
+    return (f"{cfg_file} nests objects and arrays more than {MAX_CONFIG_DEPTH} levels deep: no model's config.json "
+            f"does (a few levels: the model, its text and vision sub-configs); give the model's own config.json")
 
 
 def _json_kind(value: Any) -> str:
