@@ -42,6 +42,13 @@ CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
     "not UTF-8": (b'{"model_type": "qwen3_vl_moe", "x": "\xff"}', ("is not UTF-8 text (byte 0xff at offset 37)",
                                                                     "save config.json as UTF-8")),
     "invalid JSON": (b'{"model_type": ', ("is not valid JSON", "line 1 column 16")),
+    # issue 46 item 8: nested past the parser's stack (was RecursionError, exit 1), and just past the bound
+    "nested 100,000 deep": (b'{"model_type": "qwen3_vl_moe", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                            ("nests objects and arrays more than 64 levels deep",)),
+    "nested 65 deep": (b'{"model_type": "qwen3_vl_moe", "x": ' + b'{"a": ' * 64 + b"1" + b"}" * 64 + b"}",
+                       ("nests objects and arrays more than 64 levels deep",)),
+    "9 MiB": (b'{"model_type": "qwen3_vl_moe", "x": "' + b"a" * (9 * 2**20) + b'"}',
+              ("is 9.0 MiB: a config.json is a few KB (at most 8 MiB are read)",)),
     "missing model_type": (_changed("model_type", DELETE), ("has no `model_type` key", "add the model's")),
     "numeric model_type": (_changed("model_type", 5), ("`model_type` is 5, not a string",)),
     # The real options, never "change model_type" (wrong advice for a maker's genuine config).
