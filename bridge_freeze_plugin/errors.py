@@ -105,6 +105,11 @@ class EmptyPartError(BridgeFreezeError, RuntimeError):
     """While a flag is set, one of the family's parts has no parameter in the whole model: a wrong family table."""
 
 
+class NothingTrainsError(BridgeFreezeError, ValueError):
+    """A build wrapped for training would train no parameter at all (every part frozen by flags or patterns, no
+    adapters): Bridge's optimizer would then have no parameter group. Refused at the build, on every rank."""
+
+
 class UnmatchedPatternError(BridgeFreezeError, ValueError):
     """A train / freeze pattern matches no parameter of any part in the whole model (a typo, most often).
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from bridge_freeze_plugin.errors import EmptyPartError, PartNotInFamilyError
+from bridge_freeze_plugin.errors import EmptyPartError, NothingTrainsError, PartNotInFamilyError
 from bridge_freeze_plugin.prewrap import _guarantee as guarantee
 from bridge_freeze_plugin.prewrap import _model_wide
 from bridge_freeze_plugin.prewrap import _recompute_fix as recompute_fix
@@ -100,6 +100,19 @@ def check_parts_present(report: FreezeReport, context: BuildContext) -> None:
         )
 
 
+def check_something_trains(report: FreezeReport, context: BuildContext) -> None:
+    """A build wrapped for training must train something: refused, model-wide (the same verdict on every rank), when
+    the flags and patterns leave no trainable parameter and no hook added one (the config rules refuse the flags'
+    case before any build; patterns and a trainer's own keys can only be judged here)."""
+    if context.untrained is not None or context.family is None or report.trainable or not report.total:
+        return
+    raise NothingTrainsError(  # what was asked names the flags and the patterns
+        f"{context.asked}: the model built for training has no trainable parameter ({report.total:,} "
+        f"parameters, all frozen), so nothing would train and Bridge's optimizer would have no parameter group. "
+        f"Unset a freeze flag, narrow the freeze patterns (or add a train pattern), or add LoRA adapters."
+    )
+
+
 def _trained_ids(model: Any) -> set[int]:
     return {id(p) for chunk in as_chunks(model) for p in chunk.parameters() if p.requires_grad}
 
@@ -167,6 +180,7 @@ class HookChain:
         if classifier is not None:
             report = model_wide_report(model, count_parts(model, self.context, classifier), classifier)
             check_parts_present(report, self.context)  # model-wide: the same verdict on every rank
+            check_something_trains(report, self.context)
             store_report(self.provider, report)
             if claim_report(model):
                 log_report(report)
