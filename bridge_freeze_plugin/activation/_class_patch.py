@@ -37,6 +37,22 @@ def _wrap(original: Callable[..., Any], run: Callable[..., Any]) -> Callable[...
 
 METHODS = (("provide", provide_frozen), ("provide_distributed_model", provide_distributed_frozen))
 
+#: Methods whose wrapper belongs where Bridge's own method is entered, not on an override above it: a subclass's
+#: ``provide_distributed_model`` that calls ``super()`` reaches its base's wrapper, which installs the hook chain
+#: as Bridge's own method's ``pre_wrap_hook`` argument. Wrapping the override too would hand the chain to the
+#: override as a keyword (a strict signature raises TypeError; one that forwards only what it knows drops it).
+_AT_BRIDGE_ENTRY = frozenset({"provide_distributed_model"})
+
+
+def _needs_wrapper(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` gets a wrapper of its own (not when it has one, or a base's is reached by super())."""
+    if getattr(getattr(cls, name), "__bridge_freeze_wrapped__", None) is not None:
+        return False  # inherited from an already patched base
+    if name in _AT_BRIDGE_ENTRY:
+        return not any(getattr(vars(base).get(name), "__bridge_freeze_wrapped__", None) is not None
+                       for base in cls.__mro__[1:])
+    return True
+
 
 def patch_provider_class(cls: type) -> None:
     """Patch one provider class in place (idempotent). Subclasses inherit the wrappers."""
@@ -45,11 +61,9 @@ def patch_provider_class(cls: type) -> None:
             return
         originals: dict[str, Any] = {}
         for name, run in METHODS:
-            current = getattr(cls, name)
-            if getattr(current, "__bridge_freeze_wrapped__", None) is not None:
-                continue  # inherited from an already patched base
-            originals[name] = cls.__dict__.get(name, MISSING)
-            setattr(cls, name, _wrap(current, run))
+            if _needs_wrapper(cls, name):
+                originals[name] = cls.__dict__.get(name, MISSING)
+                setattr(cls, name, _wrap(getattr(cls, name), run))
         STATE.patched[cls] = originals
         for flag in flag_attributes(cls):
             _default_flag_to_false(cls, flag)
@@ -133,10 +147,9 @@ def patch_defined_class(cls: type) -> None:
             return
         originals: dict[str, Any] = {}
         for name, run in METHODS:
-            current = getattr(cls, name)
-            if getattr(current, "__bridge_freeze_wrapped__", None) is None:
+            if _needs_wrapper(cls, name):
                 originals[name] = cls.__dict__.get(name, MISSING)
-                setattr(cls, name, _wrap(current, run))
+                setattr(cls, name, _wrap(getattr(cls, name), run))
         annotations = inspect.get_annotations(cls)
         for flag in flag_attributes(cls):
             raw = cls.__dict__.get(flag, MISSING)

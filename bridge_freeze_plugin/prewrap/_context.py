@@ -16,6 +16,7 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_aliases_back,
 )
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport
+from bridge_freeze_plugin.prewrap._subclass_build import ADDED_ATTR
 from bridge_freeze_plugin.request import INFO, AuditSettings, FreezeSelection, Part, asked_text, audit_settings
 
 if TYPE_CHECKING:
@@ -70,17 +71,19 @@ class BuildContext:
             audit=audit,
         )
 
-    def wants_trainable(self, name: str, part: Part | None) -> bool | None:
+    def wants_trainable(self, name: str, part: Part | None, param: Any = None) -> bool | None:
         """Whether the parameter ``name`` of ``part`` must train (``None``: not governed by the selection).
 
         The one rule the freeze applies and the guarantee checks: a part whose flag is set is frozen, the
         other parts train; then the patterns, on the model-wide ``name``: a train pattern trains, else a
         freeze pattern freezes (:mod:`bridge_freeze_plugin.request._patterns`). ``other`` and unclassified parameters
-        are left alone.
+        are left alone. A parameter a provider subclass's ``provide()`` added (``param`` carries
+        :data:`~._subclass_build.ADDED_ATTR`) keeps what the subclass gave it in place of the flag's word.
         """
         if part is None or part is Part.OTHER:
             return None
-        flag_trains = part not in self.selection.frozen_parts()
+        given = getattr(param, ADDED_ATTR, None) if param is not None else None
+        flag_trains = part not in self.selection.frozen_parts() if given is None else bool(given)
         patterns = self.selection.patterns
         return patterns.decide(name, flag_trains) if patterns else flag_trains
 

@@ -65,7 +65,7 @@ def freeze_chunks(model: Any, context: BuildContext) -> tuple[FreezeReport, Clas
     for name, part, param in classified:
         if part is not None:
             setattr(param, PART_ATTR, part.value)
-        wanted = context.wants_trainable(name, part)
+        wanted = context.wants_trainable(name, part, param)
         if wanted is not None:
             param.requires_grad_(wanted)
             decided[id(param)] = wanted

@@ -46,7 +46,7 @@ def _judge(name: str, param: Any, classifier: Classifier, context: BuildContext,
     part = classifier.part(name, param)
     if part is None:
         return None if known or not trains else "added by a hook under no prefix of the family, and trains"
-    expected = context.wants_trainable(classifier.bare_name(name, param), part)
+    expected = context.wants_trainable(classifier.bare_name(name, param), part, param)
     if expected is None or trains == expected:
         return None
     if not trains:
@@ -84,7 +84,7 @@ def narrowed(model: Any, context: BuildContext, classifier: Classifier) -> dict[
         part = classifier.part(name, param)
         if part is None or not classifier.known(param):
             continue
-        if context.wants_trainable(classifier.bare_name(name, param), part) is not True:
+        if context.wants_trainable(classifier.bare_name(name, param), part, param) is not True:
             continue
         if param.requires_grad:
             still_training.add(part)

@@ -33,6 +33,7 @@ from bridge_freeze_plugin.prewrap._lora import after_peft, find_peft
 from bridge_freeze_plugin.prewrap._model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.prewrap._report import FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._state import STATE, TrainingBuild, provider_state
+from bridge_freeze_plugin.prewrap._subclass_build import addition_notes
 from bridge_freeze_plugin.request import INFO, check_lora_targets, label
 
 Hook = Callable[[list[Any]], Any]
@@ -173,6 +174,9 @@ class HookChain:
             guarantee.check(model, self.context, classifier, culprit, adapters=adapters, added=added)
             self.context = recompute_fix.after_hooks(model, self.provider, self.context)
             self.context = _with_narrowing_notes(self.context, model, narrowing)
+            kept = addition_notes(model, self.context)
+            if kept:
+                self.context = dataclasses.replace(self.context, notes=(*self.context.notes, *kept))
         return model, classifier
 
     def __call__(self, model: Any) -> Any:

@@ -78,7 +78,7 @@ def full_rank(classifier: Classifier, context: BuildContext) -> dict[int, tuple[
     """id -> (bare name, parameter) of every base parameter the selection trains at full rank."""
     out = {}
     for bare, part, param in classifier.remembered():
-        if context.wants_trainable(bare, part):
+        if context.wants_trainable(bare, part, param):
             out[id(param)] = (bare, param)
     return out
 

@@ -29,7 +29,7 @@ from bridge_freeze_plugin.prewrap._hooks import HookChain, user_hooks
 from bridge_freeze_plugin.prewrap._model_wide import store_report
 from bridge_freeze_plugin.prewrap._report import log_report
 from bridge_freeze_plugin.prewrap._state import provider_state
-from bridge_freeze_plugin.prewrap._subclass_build import added_after_base, parameter_ids, refuse_frozen_additions
+from bridge_freeze_plugin.prewrap._subclass_build import added_after_base, addition_notes, mark_additions, parameter_ids
 from bridge_freeze_plugin.ranks import is_rank0
 
 
@@ -148,9 +148,11 @@ def provide_frozen(provider: Any, build: Callable[..., Any], *args: Any, **kwarg
     if context.family is None or not _is_module(model, provider, context):
         return model
     with errors_agreed(distributed):
-        added = added_after_base(model, call.base_built)
+        mark_additions(provider, model, added_after_base(model, call.base_built), context)
         report, _ = freeze_chunks(model, context)
-        refuse_frozen_additions(provider, model, added, context)
+        notes = addition_notes(model, context)
+        if notes:
+            report = dataclasses.replace(report, notes=(*report.notes, *notes))
         if context.vision_recompute_off:
             recompute_fix.turn_off(model, context.family)
     if not distributed:  # (provide_distributed_model stores and logs the model-wide report)
