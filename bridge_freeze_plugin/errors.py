@@ -9,6 +9,7 @@ Each message names what was asked, on which model, and what to do instead. The h
     ├── UnclassifiedParameterError (RuntimeError) a parameter under no prefix while a flag is set
     ├── FreezeGuaranteeError (RuntimeError)     after the pre-wrap hooks, what trains is not what was asked
     ├── LoraOverlapError (RuntimeError)         LoRA adapters on a parameter meant to train at full rank
+    ├── UnadaptableLoraTargetError (ValueError) a LoRA target matches a module LoRA cannot adapt (a Conv3d)
     ├── AdapterExportError (RuntimeError)       an adapter-only export would lose full-rank parts
     ├── EmptyPartError (RuntimeError)           a part with no parameter in the whole model (a wrong table)
     ├── UnmatchedPatternError (ValueError)      a train/freeze pattern that matches no parameter of the whole model
@@ -95,6 +96,17 @@ class UnexportableAdapterError(BridgeFreezeError, RuntimeError):
     def __init__(self, message: str, modules: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.modules: tuple[str, ...] = tuple(modules)
+
+
+class UnadaptableLoraTargetError(BridgeFreezeError, ValueError):
+    """A LoRA ``target_modules`` entry matches modules Bridge's LoRA cannot adapt (a patch embedding's Conv3d, a
+    norm, a container module): Bridge raises ``NotImplementedError`` naming neither. ``modules`` lists every one
+    of them as ``name (type)``; ``targets`` the entries that match them."""
+
+    def __init__(self, message: str, modules: Sequence[str] = (), targets: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.modules: tuple[str, ...] = tuple(modules)
+        self.targets: tuple[str, ...] = tuple(targets)
 
 
 class AdapterExportError(BridgeFreezeError, RuntimeError):

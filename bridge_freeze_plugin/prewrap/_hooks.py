@@ -30,6 +30,7 @@ from bridge_freeze_plugin.prewrap._collective import run_agreed
 from bridge_freeze_plugin.prewrap._context import BuildContext
 from bridge_freeze_plugin.prewrap._freeze import claim_report, count_parts, freeze_chunks
 from bridge_freeze_plugin.prewrap._lora import after_peft, find_peft
+from bridge_freeze_plugin.prewrap._lora_reach import unadaptable_error
 from bridge_freeze_plugin.prewrap._model_wide import model_wide_report, store_report
 from bridge_freeze_plugin.prewrap._report import FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._state import STATE, TrainingBuild, provider_state
@@ -157,7 +158,12 @@ class HookChain:
                 check_lora_targets(getattr(peft, "target_modules", None) or ())
                 check_lora_targets(getattr(peft, "exclude_modules", None) or (), "exclude_modules")
             before = _trained_ids(model) if peft is not None else None
-            out = hook(model)
+            try:
+                out = hook(model)
+            except (NotImplementedError, AttributeError) as exc:  # Bridge's LoRA on a module it cannot adapt
+                if peft is None:
+                    raise
+                raise unadaptable_error(model, peft, hook_name(hook), self.context.asked, exc) from exc
             model = model if out is None else out
             if classifier is None:
                 continue

@@ -397,6 +397,11 @@ def test_demo_refusals_are_one_line_before_any_work(tmp_path):
         out = run("demo", "qwen25_omni", "--train-all", *freeze)  # issue 46 item 17: was --train-all dropped
         assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
         assert f"--train-all (set no flag: train every part) cannot be given with {', '.join(freeze)}" in out.stderr
+    # issue 46 item 16: check-config's rules run before the demo's build (was: unexpected error: NotImplementedError)
+    out = run("demo", "qwen25_vl", "--lora-rank", "4", "--lora-target-modules", "visual.patch_embed.proj")
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+    assert "peft.target_modules 'visual.patch_embed.proj' (reaches visual)" in out.stderr
+    assert "UnexportableAdapterError" in out.stderr and "unexpected error" not in out.stderr
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "keep.txt").write_text("mine")
     out = run("demo", "--workdir", str(tmp_path / "used"))
@@ -410,7 +415,8 @@ def test_demo_refusals_import_no_model_code():
     heavy = ("torch", "transformers", "megatron", "bridge_freeze_harness.demo_flow", "bridge_freeze_harness.tiny.")
     argvs = [["demo", family] for family in DEMO_REFUSED] + [
         ["demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection"],
-        ["demo", "--train-all", "--freeze-vision-model"]]
+        ["demo", "--train-all", "--freeze-vision-model"],
+        ["demo", "qwen25_vl", "--lora-rank", "4", "--lora-target-modules", "visual.patch_embed.proj"]]
     code = (
         "import sys\nfrom bridge_freeze_plugin.cli import main\n"
         f"codes = [main(argv) for argv in {argvs!r}]\n"
