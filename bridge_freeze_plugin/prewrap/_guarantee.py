@@ -75,9 +75,8 @@ _FROZEN_IN_TRAINED = "is frozen, but its part was selected to train"
 
 
 def narrowed(model: Any, context: BuildContext, classifier: Classifier) -> dict[int, tuple[str, Part]]:
-    """id -> (name, part) of the parameters a hook froze inside a part that still trains at full rank."""
-    if not context.selection.any_set:
-        return {}
+    """id -> (name, part) of the parameters a hook froze inside a part that still trains at full rank (with no
+    flag set too: the report notes a router-freezing hook then as well, which the guarantee does not judge)."""
     frozen: dict[int, tuple[str, Part]] = {}
     still_training: set[Part] = set()
     for _, name, param in named_parameters(model):

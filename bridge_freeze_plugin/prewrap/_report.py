@@ -88,6 +88,17 @@ class FreezeReport:
             out["patterns"] = self.patterns.as_dict()
         return out
 
+    def headline(self) -> str:
+        """What trains, in the words ``check-config`` uses: the selection; with adapters, what the counts show
+        (a part whose flag is false but which no full-rank parameter of trains, under plain LoRA, is not named)."""
+        if not any(c.adapter_tensors for c in self.parts):
+            return self.selection.describe(self.part_names)
+        full = [c.part.value for c in self.parts
+                if c.part is not None and c.part is not Part.OTHER and c.full_rank > 0]
+        if not full:
+            return "train LoRA adapters only"
+        return f"train {' + '.join(full)} at full rank, and LoRA adapters"
+
     def format(self) -> str:
         """One block: per part trainable / total (and, with LoRA, full-rank / adapters), then the total."""
         model = f" ({self.model_name})" if self.model_name else ""
@@ -96,8 +107,7 @@ class FreezeReport:
         kind = (f"not a training build ({self.untrained}): " if self.untrained
                 else f"another model from {self.repeat}: " if self.repeat else "")
         lines = [
-            f"bridge-freeze: {kind}{self.provider}{model}, family {self.family}: "
-            f"{self.selection.describe(self.part_names)}" + (" (+ LoRA adapters)" if with_adapters else ""),
+            f"bridge-freeze: {kind}{self.provider}{model}, family {self.family}: {self.headline()}",
             f"  {'part':<18} {'trainable':>14}{extra} {'total':>14} {'%':>7}",
         ]
         total = PartCount(None, *(sum(col) for col in zip(*(c.as_row() for c in self.parts), strict=True)))

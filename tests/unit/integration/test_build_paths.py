@@ -120,6 +120,19 @@ def test_a_router_freezing_hook_narrows_the_language_model_and_is_reported(cpu_b
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_a_router_freezing_hook_with_no_flag_set_is_reported_too(cpu_bridge, path):
+    """Issue 46 (SkyRL, Qwen3-VL-MoE with no flag and freeze_moe_router): check-config says the build reports the
+    router hook per part; the build's report had no note (narrowing was looked for only while a flag was set)."""
+    provider, chunks = _build(path, "qwen3_vl_moe", bfp.FreezeSelection(), [freeze_moe_router])
+    everything = names(chunks)
+    routers = {n for n in everything if n.startswith("language_model.") and n.endswith("mlp.router.weight")}
+    assert len(routers) == 2 and trainable(chunks) == everything - routers
+    notes = [n for n in bfp.last_report(provider).notes if "frozen by pre-wrap hook" in n]
+    assert len(notes) == 1 and notes[0].startswith("language_model: 2 tensor(s) frozen by pre-wrap hook")
+    assert "freeze_moe_router" in notes[0]
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_a_router_hook_before_lora_keeps_the_routers_frozen(cpu_bridge, path):
     """Bridge's setup() appends its PEFT hook after the trainer's: the full-rank restore must not undo it."""
     selection = bfp.FreezeSelection(freeze_vision_model=True)

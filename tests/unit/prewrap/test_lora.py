@@ -116,8 +116,18 @@ def _attention_modules(parts: set[str]) -> set[str]:
 
 
 def test_lora_without_a_flag_is_plain_lora(cpu_bridge):
-    _, chunks = build_qwen3(FreezeSelection(), lora(["linear_qkv"]))
+    provider, chunks = build_qwen3(FreezeSelection(), lora(["linear_qkv"]))
     assert trainable(chunks) == {n for n in names(chunks) if MEGATRON_ADAPTER.search(n)}
+    # the report's headline says what check-config says (was: "train language_model + vision_model +
+    # vision_projection (+ LoRA adapters)" with 0 full-rank parameters)
+    first = bfp.last_report(provider).format().splitlines()[0]
+    assert first.endswith(": train LoRA adapters only"), first
+
+
+def test_lora_with_a_partial_selection_headline_names_the_full_rank_parts(cpu_bridge):
+    provider, _ = build_qwen3(FreezeSelection(True, True, False), lora(["language_model.*linear_qkv"]))
+    first = bfp.last_report(provider).format().splitlines()[0]
+    assert first.endswith(": train vision_projection at full rank, and LoRA adapters"), first
 
 
 def test_bridges_default_targets_overlap_the_qwen3_mergers(cpu_bridge):
