@@ -339,6 +339,18 @@ def test_demo_lora_merged_export_carries_adapters_and_full_rank_parts_and_lr_zer
             "(global 0.01)") in out.stdout
 
 
+def test_demo_a_moe_language_model_at_lr_zero_stays_bit_identical_with_its_routers_expert_bias(
+        forked_command, tmp_path):
+    """Issue 46 item 4: MiniMax-M3-VL's routers' expert bias (HF ``e_score_correction_bias``) moved with the LM at
+    learning rate 0, and the demo's own check printed FAIL. The LM trains at 0: nothing of it may change."""
+    out, original, changed = _run_demo(forked_command, tmp_path / "flow", "minimax_m3_vl",
+                                       "--freeze-vision-projection", "--lr-language-model", "0", "--steps", "2")
+    language = _names(original, MINIMAX_M3_VL_PARTS["language_model"])
+    assert _names(language, r"e_score_correction_bias$")  # the expert bias is exported, and held
+    assert changed == _names(original, MINIMAX_M3_VL_PARTS["vision_model"])
+    assert "OK: exactly the" in out.stdout and "FAIL" not in out.stdout
+
+
 def test_demo_train_pattern_with_full_recompute(forked_command, tmp_path):
     out, original, changed = _run_demo(
         forked_command, tmp_path / "flow", "--freeze-language-model", "--freeze-vision-model", "--train",
