@@ -8,6 +8,8 @@
   (importable by name, so a provider pickles and survives Bridge's ``run_config.yaml``). Its name is public
   because Bridge writes it as ``_target_`` and refuses a path with a private segment;
 - :mod:`._saved_reads`: Bridge's ``instantiate`` marks a provider made from a saved config with its file;
+- :mod:`._serialised`: Bridge's config serialiser leaves the plugin's unset fields out of ``run_config.yaml`` (a
+  load without the plugin, STRICT included), and ``ConfigContainer.from_yaml`` marks the provider it loads;
 - :mod:`._provider_fields`: the plugin's settings as real dataclass fields of every patched provider class.
 """
 

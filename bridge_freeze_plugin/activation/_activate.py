@@ -47,6 +47,7 @@ from bridge_freeze_plugin.activation._module_hooks import (
 )
 from bridge_freeze_plugin.activation._provider_fields import remove_fields
 from bridge_freeze_plugin.activation._saved_reads import mark_instantiated
+from bridge_freeze_plugin.activation._serialised import SERIALISER, watch_saved_configs
 from bridge_freeze_plugin.activation._version import warn_untested_bridge
 from bridge_freeze_plugin.audit import FINALIZE, arm
 from bridge_freeze_plugin.audit import install as install_audit_seam
@@ -94,6 +95,7 @@ def activate() -> None:
     for module, _ in RUN_CONFIG_READERS:
         POST_IMPORT.watch(module, record_run_configs)
     POST_IMPORT.watch(INSTANTIATE[0], mark_instantiated)
+    POST_IMPORT.watch(SERIALISER[0], watch_saved_configs)  # run_config.yaml: unset plugin fields left out
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, check_part_learning_rates)
     on_training_build(arm)  # the run-time audit arms after each build for training

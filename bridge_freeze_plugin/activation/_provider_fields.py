@@ -10,8 +10,10 @@ does with a provider: ``dataclasses.fields`` / ``asdict`` / ``replace``, ``Confi
 ``run_config.yaml`` -> Bridge's ``instantiate`` on resume. So activation adds them to each patched class as
 real fields (in ``__dataclass_fields__``, with class defaults), and gives the class's ``__init__`` keyword
 parameters for them (its ``__signature__`` says so, which is what Bridge's lenient ``instantiate`` reads).
-A ``run_config.yaml`` written with the plugin still loads without it: Bridge's lenient ``instantiate`` drops
-keys a class does not take, with a warning.
+A ``run_config.yaml`` written with the plugin still loads without it, in STRICT mode too (NeMo-RL's): the
+serialiser leaves out a field holding its default and a flag the class does not declare while false
+(:mod:`._serialised`); what is set is written, and only Bridge's lenient ``instantiate`` takes it without the
+plugin (it drops the keys with a warning).
 """
 
 from __future__ import annotations

@@ -40,7 +40,15 @@ from bridge_freeze_plugin.prewrap._hooks import HookChain, model_wide_checks_ski
 from bridge_freeze_plugin.prewrap._lora import trainable_state_dict
 from bridge_freeze_plugin.prewrap._model_names import model_wide_names
 from bridge_freeze_plugin.prewrap._model_wide import last_report, ownership
-from bridge_freeze_plugin.prewrap._origins import INSTANTIATE, FlagOrigin, Source, flag_origins, instantiating
+from bridge_freeze_plugin.prewrap._origins import (
+    INSTANTIATE,
+    FlagOrigin,
+    Source,
+    flag_origins,
+    instantiating,
+    loading_container,
+    reading_file,
+)
 from bridge_freeze_plugin.prewrap._pipeline import (
     get_model_frozen,
     preflight,
@@ -116,6 +124,7 @@ __all__ = [
     "keeps",
     "last_report",
     "linear_adapters",
+    "loading_container",
     "log_report",
     "model_name_of",
     "model_wide_checks_skipped",
@@ -128,6 +137,7 @@ __all__ = [
     "provide_distributed_frozen",
     "provide_frozen",
     "provider_label",
+    "reading_file",
     "recording",
     "resolve_family",
     "stats_move",

@@ -8,7 +8,9 @@ knows, per provider instance (a record in ``STATE.flag_origins``, by identity; n
   (:func:`note_set`): the constructor writes each flag once, a later write is a setting (the user's code, a trainer
   writing its config: NeMo-RL's copied ``freeze_*`` keys, SkyRL's flags);
 - a provider Bridge's ``instantiate`` makes from a saved ``model`` section that ``read_run_config`` returned is
-  marked with that file, flag by flag (:func:`instantiating`);
+  marked with that file, flag by flag (:func:`instantiating`); so is the ``model`` of a container that
+  ``ConfigContainer.from_yaml`` loads (:func:`reading_file`, :func:`loading_container`: NeMo-RL's conversion cache
+  was read so, in STRICT mode, before NeMo-RL moved to Bridge's ``load_model_config``);
 - a provider made by ``dataclasses.replace(source, ...)`` (NeMo-RL's ``model_overrides``) takes the source's marks,
   found on the stack when its constructor writes its first flag; a flag whose value the replace changed is a
   setting (an override equal to the saved value reads as saved: the two cannot be told apart).
@@ -26,12 +28,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_freeze_plugin.prewrap._provider import declared_default
-from bridge_freeze_plugin.prewrap._saved import SavedConfig, saved_flags, saved_for_model
+from bridge_freeze_plugin.prewrap._saved import SavedConfig, record_saved, saved_flags, saved_for_model
 from bridge_freeze_plugin.prewrap._state import STATE
 from bridge_freeze_plugin.prewrap._wrapping import keeps
 
@@ -170,3 +173,46 @@ def flag_origins(provider: Any, values: dict[str, bool]) -> tuple[FlagOrigin, ..
             source = Source.DEFAULT if value == (default if isinstance(default, bool) else False) else Source.SETTING
             origins.append(FlagOrigin(flag, value, source, None, declared))
     return tuple(origins)
+
+
+#: The saved config file ``ConfigContainer.from_yaml`` is reading in this context (its ``from_dict`` instantiates it).
+_READING: ContextVar[Any] = ContextVar("bridge_freeze_reading", default=None)
+
+
+def reading_file(from_yaml: Callable[..., Any]) -> Callable[..., Any]:
+    """``ConfigContainer.from_yaml(cls, yaml_path, mode=...)`` (the function under the classmethod) that lets the
+    ``from_dict`` it calls know the file (NeMo-RL before July 2026 loaded its conversion cache so, in STRICT mode)."""
+
+    @keeps(from_yaml)
+    def from_yaml_recorded(cls: Any, yaml_path: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _READING.set(yaml_path)
+        try:
+            return from_yaml(cls, yaml_path, *args, **kwargs)
+        finally:
+            _READING.reset(token)
+
+    return from_yaml_recorded
+
+
+def loading_container(from_dict: Callable[..., Any]) -> Callable[..., Any]:
+    """``ConfigContainer.from_dict(cls, config_dict, ...)`` that, called by :func:`reading_file`, records the file
+    (as Bridge's ``read_run_config`` does) and marks the container's provider with it."""
+
+    @keeps(from_dict)
+    def from_dict_recorded(cls: Any, config_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _READING.get()
+        model = config_dict.get("model") if path is not None and isinstance(config_dict, Mapping) else None
+        if model is not None:
+            record_saved(path, config_dict)
+        token = _READING.set(None)  # only the outermost container is the file's
+        try:
+            made = from_dict(cls, config_dict, *args, **kwargs)
+        finally:
+            _READING.reset(token)
+        saved = saved_for_model(model) if model is not None else None
+        provider = getattr(made, "model", None)
+        if saved is not None and provider is not None:
+            mark_loaded(provider, saved)
+        return made
+
+    return from_dict_recorded

@@ -91,3 +91,102 @@ def test_a_run_config_written_with_the_plugin_loads_without_it(cpu_bridge, tmp_p
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LOADED Qwen3VLModelProvider" in done.stdout
+
+
+# ---- issue 46 item 5: NeMo-RL's conversion cache loads in STRICT mode without the plugin -----------------------
+
+#: The flags each provider class declares itself (Bridge's fields), read from Bridge 0.6.2's source by hand.
+DECLARED_FLAGS = {"qwen3_vl": {"freeze_language_model", "freeze_vision_model", "freeze_vision_projection"},
+                  "qwen2_audio": {"freeze_language_model", "freeze_audio_model", "freeze_audio_projection"}}
+PLUGIN_KEYS = {"train_patterns", "freeze_patterns", "full_recompute_policy", "vision_recompute_policy",
+               "audit_steps", "audit_strict", "freeze_language_model", "freeze_vision_model",
+               "freeze_vision_projection", "freeze_audio_model", "freeze_audio_projection"}
+
+
+def _conversion_cache(provider, folder) -> str:
+    """The run_config.yaml of NeMo-RL's conversion: the container Bridge's save_megatron_model saves (the model, an
+    optimizer and a logger and checkpoint section, nothing else), written with ConfigContainer.to_yaml."""
+    from megatron.bridge.training import config as bc
+
+    folder.mkdir(parents=True)
+    cfg = bc.ConfigContainer(model=provider, train=None, optimizer=bc.OptimizerConfig(use_distributed_optimizer=False),
+                             ddp=None, scheduler=None, dataset=None, logger=bc.LoggerConfig(), tokenizer=None,
+                             checkpoint=bc.CheckpointConfig(save=str(folder)), dist=None)
+    cfg.to_yaml(str(folder / "run_config.yaml"))
+    return str(folder / "run_config.yaml")
+
+
+def _model_section(path: str) -> dict:
+    import yaml
+
+    with open(path) as handle:
+        return yaml.safe_load(handle)["model"]
+
+
+def test_a_conversion_cache_written_with_the_plugin_loads_strictly_without_it(cpu_bridge, tmp_path):
+    """The cache of a provider with nothing set holds none of the plugin's fields, only the flags its class declares
+    (before: freeze_audio_* on a vision-only provider, the patterns, both recompute policies, the audit's fields),
+    and NeMo-RL's own STRICT load (ConfigContainer.from_yaml) takes it in a process without the plugin."""
+    paths = {name: _conversion_cache(make_provider(name), tmp_path / name / "iter_0000000") for name in DECLARED_FLAGS}
+    for name, path in paths.items():
+        assert PLUGIN_KEYS & _model_section(path).keys() == DECLARED_FLAGS[name]
+    script = textwrap.dedent(f"""
+        import sys
+        from bridge_freeze_harness.cpu_runtime import import_bridge
+        import_bridge()
+        from megatron.bridge.training.config import ConfigContainer
+        from megatron.bridge.utils.instantiate_utils import InstantiationMode
+        assert "bridge_freeze_plugin.activation" not in sys.modules
+        for path in {sorted(paths.values())!r}:
+            loaded = ConfigContainer.from_yaml(path, mode=InstantiationMode.STRICT)
+            assert not hasattr(loaded.model, "train_patterns"), "the plugin must not be loaded here"
+            print("LOADED", type(loaded.model).__name__)
+    """)
+    env = {"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert loaded == ["LOADED Qwen2AudioModelProvider", "LOADED Qwen3VLModelProvider"]
+
+
+def test_what_is_set_is_written_and_a_strict_load_with_the_plugin_gets_it_back(cpu_bridge, tmp_path):
+    """A pattern, a policy, the audit off and a flag the class does not declare set true are written (a load that
+    dropped them would train another set); what holds its default is not, and STRICT reads the file back."""
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.utils.instantiate_utils import InstantiationMode
+
+    provider = make_provider("qwen3_vl")
+    provider.freeze_patterns = [r"vision_model\.patch_embed\..*"]
+    provider.full_recompute_policy = "refuse"
+    provider.audit_steps = 0
+    provider.freeze_audio_model = True  # refused at a build (no audio part), but asked: written, never dropped
+    path = _conversion_cache(provider, tmp_path / "iter_0000000")
+    section = _model_section(path)
+    assert {k: section[k] for k in PLUGIN_KEYS & section.keys()} == {
+        "freeze_language_model": False, "freeze_vision_model": False, "freeze_vision_projection": False,
+        "freeze_patterns": [r"vision_model\.patch_embed\..*"], "full_recompute_policy": "refuse", "audit_steps": 0,
+        "freeze_audio_model": True}
+    loaded = ConfigContainer.from_yaml(path, mode=InstantiationMode.STRICT).model
+    assert type(loaded) is type(provider)
+    assert list(loaded.freeze_patterns) == [r"vision_model\.patch_embed\..*"]
+    assert (loaded.full_recompute_policy, loaded.audit_steps, loaded.freeze_audio_model) == ("refuse", 0, True)
+    assert (loaded.train_patterns, loaded.vision_recompute_policy, loaded.audit_strict) == ((), None, False)
+    assert loaded.freeze_audio_projection is False
+
+
+def test_deactivate_gives_bridge_its_serialiser_and_loaders_back(cpu_bridge):
+    from megatron.bridge.training.utils.config_utils import _ConfigContainerBase
+    from megatron.training.config.container import ConfigContainerBase
+
+    def wrapped() -> list[bool]:
+        return [hasattr(vars(owner)[name].__func__, "__bridge_freeze_wrapped__") for owner, name in (
+            (_ConfigContainerBase, "_convert_value_to_dict"), (ConfigContainerBase, "from_yaml"),
+            (ConfigContainerBase, "from_dict"))]
+
+    assert wrapped() == [True, True, True]
+    bfp.deactivate()
+    try:
+        assert wrapped() == [False, False, False]
+    finally:
+        bfp.activate()
+    assert wrapped() == [True, True, True]

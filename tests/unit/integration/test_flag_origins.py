@@ -136,3 +136,42 @@ def test_a_copy_whose_origin_is_unknown_falls_back_to_the_class_and_says_so(cpu_
     lines = _built(provider, {"vision_model"}, caplog)
     assert any(line.startswith(f"freeze_vision_model=true: as in the saved config {path} of this provider class")
                for line in lines)
+
+
+def _save_converted(provider: object, folder: Path) -> str:
+    """NeMo-RL's conversion cache: the container Bridge's save_megatron_model saves (model, optimizer, logger,
+    checkpoint; nothing else), written with ConfigContainer.to_yaml."""
+    from megatron.bridge.training import config as bc
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = bc.ConfigContainer(model=provider, train=None, optimizer=bc.OptimizerConfig(use_distributed_optimizer=False),
+                             ddp=None, scheduler=None, dataset=None, logger=bc.LoggerConfig(), tokenizer=None,
+                             checkpoint=bc.CheckpointConfig(save=str(folder)), dist=None)
+    cfg.to_yaml(str(folder / "run_config.yaml"))
+    return str(folder / "run_config.yaml")
+
+
+def test_nemo_rls_strict_from_yaml_load_attributes_the_cached_flag_to_its_file(cpu_bridge, caplog, tmp_path):
+    """Issue 46 item 10: NeMo-RL's set-up before July 2026 read its cache with megatron-core's
+    ``ConfigContainer.from_yaml(path, mode=InstantiationMode.STRICT)`` and took ``.model`` (neither
+    ``read_run_config`` nor Bridge's ``instantiate``): the cached flag read "this run's setting", with no WARNING."""
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.utils.instantiate_utils import InstantiationMode
+
+    from bridge_freeze_harness.tiny import build_context, make_provider
+
+    folder = tmp_path / "nemo_rl" / "Qwen" / "iter_0000000"
+    path = _save_converted(make_provider(FAMILY, freeze_vision_model=True), folder)
+    with build_context(FAMILY):
+        provider = ConfigContainer.from_yaml(path, mode=InstantiationMode.STRICT).model
+    provider.freeze_vision_projection = True  # policy.megatron_cfg.freeze_vision_projection (iter_vlm_config_...)
+    lines = _built(provider, {"vision_model", "vision_projection"}, caplog)
+    assert f"freeze_vision_model=true: from the saved config {path} this provider was loaded from" in lines
+    assert f"freeze_language_model=false: from the saved config {path} this provider was loaded from" in lines
+    assert "freeze_vision_projection=true: this run's setting" in lines
+    (warning,) = _training_warnings(provider, caplog)
+    assert warning.startswith(f"bridge-freeze: freeze_vision_model=true on Qwen3VLMoEModelProvider: true in the "
+                              f"saved config {path}")
+    # a container built from a dict (no file) is this run's own: nothing is attributed
+    fresh = ConfigContainer.from_dict(ConfigContainer.from_yaml(path).to_dict(), mode=InstantiationMode.STRICT).model
+    assert "freeze_vision_model=true: this run's setting" in _built(fresh, {"vision_model"}, caplog)
