@@ -62,7 +62,8 @@ def _settings(checked: Any) -> list[tuple[str, Any, str]]:
     switches = checked.layout.strategy.switches
     strategy = [] if switches else [s.run.strategy]  # a backend chosen by switches: the switches themselves
     rows += [(key, _switch(loaded.cfg, key), loaded.source(key)) for key, _ in switches]
-    others = [*strategy, s.run.language_model_only, s.lora_read.rank, *s.run.recompute, s.provider_target,
+    others = [*strategy, s.run.language_model_only, s.lora_read.rank, *s.run.recompute, *s.run.recompute_policy,
+              s.provider_target,
               *(peer for _, peer in s.run.peers)]
     rows += [(o.key, o.value, o.source) for o in others if o is not None and o.key is not None]
     if s.lora.enabled:

@@ -10,6 +10,13 @@ from dataclasses import replace
 from bridge_freeze_plugin.config._family import import_target, importable_target
 from bridge_freeze_plugin.config._lora_rules import lora_targets_avoid_full_rank_parts, vlm_lora_switches
 from bridge_freeze_plugin.config._lora_targets import lora_targets_are_exportable
+from bridge_freeze_plugin.config._recompute_rules import (
+    megatron_core_problems,
+    policy_of,
+    policy_problems,
+    policy_refusal,
+    router_pattern_problems,
+)
 from bridge_freeze_plugin.config._rules import MEGATRON, asked, config_problems, normalise_strategy
 from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.config._values import join_problems
@@ -80,8 +87,18 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
         return None
     settings = {r.key or "recompute_granularity": r.value for r in s.run.recompute}
     sources = {r.key or "recompute_granularity": r.source for r in s.run.recompute}
+    refuse = policy_of(s) == "refuse"
     note = full_recompute_adjustment(family, s.selection, settings, flags_key=s.sources.flags_key, sources=sources,
-                                     warn=warn and is_rank0())
+                                     warn=warn and is_rank0() and not refuse)
+    if note is not None and refuse:  # the build's refusal (a flag set), or its warning with recompute kept
+        assert family is not None
+        refusal = policy_refusal(s, family, [k for k, v in settings.items() if is_full(v)])
+        if s.selection.any_set:
+            raise InvalidFreezeConfigError(refusal)
+        if warn and is_rank0():
+            logger.warning("bridge-freeze: no flag is set, so the build only warns and keeps full recompute (the "
+                           "gradients stay wrong there): %s", refusal)
+        return None
     if not warn:
         return note
     full_keys = [key for key, value in settings.items() if is_full(value)]
@@ -99,12 +116,14 @@ def full_recompute_rule(s: RunSettings, family: FamilySpec | None, *, warn: bool
 
 def check(s: RunSettings) -> FreezeSelection:
     """Every rule over ``s``; returns the selection, or raises the first failing stage's error."""
-    problems = config_problems(s)
+    problems = config_problems(s) + policy_problems(s)
+    if normalise_strategy(s.run.strategy.value) in (None, MEGATRON):
+        problems += megatron_core_problems(s)
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     family = supported_provider(s)
     problems = (vlm_lora_switches(s, family) + lora_targets_avoid_full_rank_parts(s, family)
-                + lora_targets_are_exportable(s, family))
+                + lora_targets_are_exportable(s, family) + router_pattern_problems(s, family))
     if problems:
         raise InvalidFreezeConfigError(join_problems(problems))
     full_recompute_rule(replace(s, family=family), family)

@@ -38,7 +38,8 @@ BRIDGE = Layout(
     ),
     model=ModelKeys(provider_target="model._target_"),
     lora=LoraKeys(section="peft", rank="dim", default_rank=32, vlm_targets=(VLM_LORA,)),
-    strategy=StrategyKeys(fixed="megatron", recompute=("model.recompute_granularity",)),
+    strategy=StrategyKeys(fixed="megatron", recompute=("model.recompute_granularity",),
+                          provider_recompute=("model.recompute_granularity",)),
     # Bridge applies per-part learning rates through the optimizer override provider, never from the provider
     # (model) section: cfg.optimizer_config_override_provider = PartLROverrideProvider(...).
     rates=RateKeys(section="optimizer_config_override_provider",

@@ -187,6 +187,18 @@ class StrategyKeys:
     #: ``activation_checkpointing``)
     recompute: tuple[str, ...] = ()
     recompute_switches: Mapping[str, str] = field(default_factory=dict)
+    #: a recompute switch the config does not write is on (SkyRL's ``trainer.gradient_checkpointing`` defaults to
+    #: true; NeMo-RL's ``activation_checkpointing`` to false)
+    recompute_switches_on_by_default: bool = False
+    #: the ``recompute_granularity`` keys set on the model provider as written, next to their ``recompute_method`` /
+    #: ``recompute_num_layers`` (megatron-core's TransformerConfig checks the three together when it is finalized)
+    provider_recompute: tuple[str, ...] = ()
+
+    def switch_off(self, key: str, value: Any) -> bool:
+        """Whether recompute key ``key``'s switch, holding ``value`` (``None``: not written), turns it off."""
+        if key not in self.recompute_switches:
+            return False
+        return value is not True and not (value is None and self.recompute_switches_on_by_default)
 
     def key_fix(self) -> str:
         """What to write to choose the Megatron strategy."""

@@ -12,6 +12,16 @@ from bridge_freeze_plugin.config._layouts import Layout, Marker, _bridge_field_e
 #: ``in_proj`` to two fused HF tensors, Qwen3-Next's layout; no registered family has it.) ``canonical_lora``'s list
 #: names the same modules (``linear_q``... are read as the module they split).
 ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj")
+#: SkyRL's MegatronConfig.__post_init__ sets these transformer_config_kwargs items where the config writes none
+#: (its DEFAULT_TRANSFORMER_CONFIG_KWARGS' recompute part)
+def _SKYRL_RECOMPUTE_DEFAULTS(kwargs: str) -> dict[str, object]:
+    return {f"{kwargs}.recompute_granularity": "full", f"{kwargs}.recompute_method": "uniform",
+            f"{kwargs}.recompute_num_layers": 1}
+
+
+_CHECKPOINTING = "trainer.gradient_checkpointing"
+_RL_RECOMPUTE = ("trainer.policy.megatron_config.recompute_granularity",
+                 "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity")
 _LORA_NAMES = {"target_aliases": {"all-linear": ALL_LINEAR}, "default_target": "all-linear"}
 
 SFT = Layout(
@@ -28,12 +38,12 @@ SFT = Layout(
     strategy=StrategyKeys(key="strategy", recompute=(
         "megatron_config.recompute_granularity",
         "megatron_config.transformer_config_kwargs.recompute_granularity",
-    )),
+    ), provider_recompute=("megatron_config.transformer_config_kwargs.recompute_granularity",)),
     run=TrainerFacts(
         defaults={
             "strategy": "megatron",
             "model.lora.rank": 0,
-            "megatron_config.transformer_config_kwargs.recompute_granularity": "full",
+            **_SKYRL_RECOMPUTE_DEFAULTS("megatron_config.transformer_config_kwargs"),
         },
         skyrl="sft",
     ),
@@ -63,16 +73,19 @@ RL = Layout(
     ),
     lora=LoraKeys(section="trainer.policy.model.lora", rank="rank",
                   type="trainer.policy.megatron_config.lora_config.lora_type", **_LORA_NAMES),
-    strategy=StrategyKeys(key="trainer.strategy", recompute=(
-        "trainer.policy.megatron_config.recompute_granularity",
-        "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity",
-    )),
+    strategy=StrategyKeys(key="trainer.strategy", recompute=_RL_RECOMPUTE,
+                          # SkyRL's MegatronWorker.init_configs: trainer.gradient_checkpointing=false sets
+                          # recompute_granularity / _method / _num_layers of transformer_config_kwargs to None
+                          recompute_switches={key: _CHECKPOINTING for key in _RL_RECOMPUTE},
+                          recompute_switches_on_by_default=True,
+                          provider_recompute=(_RL_RECOMPUTE[1],)),
     run=TrainerFacts(
         defaults={
             "trainer.strategy": "fsdp",
             "trainer.policy.language_model_only": False,
             "trainer.policy.model.lora.rank": 0,
-            "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity": "full",
+            **_SKYRL_RECOMPUTE_DEFAULTS("trainer.policy.megatron_config.transformer_config_kwargs"),
+            _CHECKPOINTING: True,
             "trainer.ref.language_model_only": False,
             "trainer.algorithm.use_kl_loss": True,
             "trainer.algorithm.use_kl_in_reward": False,

@@ -17,6 +17,7 @@ from bridge_freeze_plugin.config._flags import _checked_section, _selection, rea
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS
 from bridge_freeze_plugin.config._layouts import Layout, resolvers
 from bridge_freeze_plugin.config._misplaced import _own_freeze, misplaced_keys, unread_freeze_keys
+from bridge_freeze_plugin.config._recompute_rules import read_policy, read_provider_recompute
 from bridge_freeze_plugin.config._run_settings import (
     LoraRead,
     RateSettings,
@@ -113,6 +114,8 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
             strategy_shown=_switches_shown(cfg, layout.strategy, source),
             syncs_weights=_syncs_weights(cfg, layout.run),
             weight_sync_note=layout.run.weight_sync_note,
+            recompute_policy=read_policy(cfg, layout, source),
+            provider_recompute=read_provider_recompute(cfg, layout, source),
         ),
         lora=lora,
         lora_read=LoraRead(rank=rank, enable=layout.lora.enable(),

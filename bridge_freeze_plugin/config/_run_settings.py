@@ -110,6 +110,10 @@ class RunSwitches:
     syncs_weights: bool = False
     #: why that refusal holds for this trainer (``None``: the rule's own words)
     weight_sync_note: str | None = None
+    #: the provider's ``full_recompute_policy`` (and its former name) as written; none: "fix"
+    recompute_policy: tuple[Setting, ...] = ()
+    #: (granularity, method, num_layers) of each section set on the provider as written (``None``: not known)
+    provider_recompute: tuple[tuple[Setting, Setting | None, Setting | None], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def _recompute(cfg: Any, keys: StrategyKeys, source: Source) -> tuple[Setting, .
     for key in keys.recompute:
         value = select(cfg, key)
         switch = keys.recompute_switches.get(key)
-        if switch is not None and value is not None and select(cfg, switch) is not True:
+        if switch is not None and value is not None and keys.switch_off(key, select(cfg, switch)):
             # the trainer applies it only when the switch is on (NeMo-RL: activation_checkpointing)
             out.append(Setting(None, key, f"{as_yaml(value)} written, not applied: {switch} is not true"))
             continue

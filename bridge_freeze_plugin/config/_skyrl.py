@@ -2,7 +2,9 @@
 
 SkyRL's loader (``SkyRLTrainConfig.from_cli_overrides``, ``SFTConfig.from_cli_overrides``) builds its dataclasses
 section by section and refuses a key that is no field of the section's class, and a ``+`` prefix (the RL loader
-says so; the SFT loader reads ``+megatron_config`` as a field name). It never checks a value's type. Released
+says so; the SFT loader reads ``+megatron_config`` as a field name). It rewrites some legacy keys first, and refuses
+some values when it builds its classes: where skyrl is importable both are SkyRL's own code, run
+(:mod:`._skyrl_loader`). It never checks a value's type. Released
 SkyRL's ``MegatronConfig`` has no ``freeze_language_model`` / ``freeze_vision_model`` / ``freeze_vision_projection``
 (the review's fields); its Megatron worker sets every ``transformer_config_kwargs`` item on the model provider
 (``setattr(provider, key, value)`` before ``finalize()``), which is where the plugin reads its flags: so with such a
@@ -133,13 +135,28 @@ def adapt(cfg: Any, layout: Layout, overrides: Iterable[Override] = (), fields: 
     problems = refused_overrides(overrides, fields, layout)
     if problems:
         raise ConfigLoadError(_joined(problems))
-    problems = refused_keys(cfg, fields, layout)
+    judged, rewrites = cfg, None
+    if fields.installed:  # SkyRL's own loader: its rewrites of the command line come before its key check
+        from bridge_freeze_plugin.config._skyrl_loader import apply_rewrites
+
+        judged, rewrites = apply_rewrites(cfg, [o.text for o in overrides], skyrl, fields)
+    problems = refused_keys(judged, fields, layout)
     if problems:
         raise InvalidFreezeConfigError(_joined(problems))
-    checked = f"checked against {fields.source}"
+    checked = "; ".join(filter(None, [f"checked against {fields.source}", rewrites, _values(judged, skyrl, fields)]))
     if fields.has_review_fields(skyrl, homes.flags):
         return plain, checked
     return _in_kwargs(plain, skyrl, fields), checked
+
+
+def _values(cfg: Any, skyrl: str, fields: SkyRLFields) -> str:
+    """SkyRL's own construction of ``cfg`` (it refuses values: :func:`._skyrl_loader.construct`), or why not."""
+    if not fields.installed:
+        return ("values not checked: SkyRL refuses some values when it builds its config, and skyrl is not "
+                "importable here to build it")
+    from bridge_freeze_plugin.config._skyrl_loader import construct
+
+    return construct(cfg, skyrl, fields)
 
 
 def _in_kwargs(layout: Layout, skyrl: str, fields: SkyRLFields) -> Layout:

@@ -56,6 +56,8 @@ class SkyRLFields:
     classes: Mapping[str, Mapping[str, str | None]]
     #: enum id -> its members' values (a field typed as an enum: PyYAML dumps it as a Python tag over its value)
     enums: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    #: read from the installed skyrl's own classes (then its loader's own code can run: :mod:`._skyrl_loader`)
+    installed: bool = False
 
     def fields(self, cls: str) -> Mapping[str, str | None]:
         return self.classes[cls]
@@ -152,7 +154,8 @@ def from_installed() -> tuple[SkyRLFields | None, str]:
         release = version("skyrl")
     except Exception as exc:  # noqa: BLE001 - any failure to import it: not importable here, said in the source
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-    return listing_from_classes(roots, release, f"the installed skyrl {release}'s config classes"), ""
+    listing = listing_from_classes(roots, release, f"the installed skyrl {release}'s config classes")
+    return dataclasses.replace(listing, installed=True), ""
 
 
 def from_listing(path: str | os.PathLike[str], source: str | None = None) -> SkyRLFields:

@@ -89,6 +89,8 @@ def test_bridge_run_config(capsys):
     assert code == 0, out
     assert "Megatron-Bridge ConfigContainer layout" in out
     assert "family: qwen3_vl (from model._target_ (the provider class))" in out
-    code, out, _ = check(capsys, BRIDGE, "model.freeze_vision_model=True", "model.recompute_granularity=full")
+    # (run_config.yaml writes recompute_method / _num_layers null: megatron-core needs both for full recompute)
+    code, out, _ = check(capsys, BRIDGE, "model.freeze_vision_model=True", "model.recompute_granularity=full",
+                         "model.recompute_method=uniform", "model.recompute_num_layers=1")
     assert code == 0, out  # adjusted when the model is built, not refused
     assert "adjusted when the model is built: model.recompute_granularity=full" in out

@@ -250,7 +250,7 @@ def test_sources_of_every_setting(caplog):
     assert s.run.recompute[1].source.endswith("megatron_config/policy.yaml")
     assert run.loaded.source(f"{POLICY}.freeze_vision_model") == f"override '+{POLICY}.freeze_vision_model=true'"
     assert set(run.loaded.defaulted) == {"trainer.policy.language_model_only", "trainer.ref.language_model_only",
-                                         "trainer.algorithm.use_kl_in_reward",
+                                         "trainer.algorithm.use_kl_in_reward", "trainer.gradient_checkpointing",
                                          "generator.inference_engine.language_model_only"}
     with caplog.at_level(logging.WARNING, logger="bridge_freeze_plugin"):
         run.validate()  # the family is unknown (a hub id): a warning that the provider checks it when built

@@ -56,6 +56,10 @@ VLM_SFT = [
     "optimizer_config.lr=2e-6", "placement.num_gpus_per_node=4", "megatron_config.tensor_model_parallel_size=1",
     "megatron_config.pipeline_model_parallel_size=1", "megatron_config.context_parallel_size=1",
 ]
+#: a model path for an SFT case that overrides model.lora (SkyRL then builds a fresh ModelConfig, whose path is None,
+#: and its validate_sft_cfg refuses "model.path must be set")
+SFT_MODEL = "model.path=Qwen/Qwen3-VL-2B-Instruct"
+QAT = "fake_int4_qat.enabled=true"
 SFT_ALL_FROZEN = [f"megatron_config.transformer_config_kwargs.freeze_{part}=true"
                   for part in ("language_model", "vision_model", "vision_projection")]
 PROJECTION_ONLY = [f"{K}.freeze_language_model=true", f"{K}.freeze_vision_model=true"]
@@ -129,18 +133,18 @@ CASES = [
     case("rl-moe-router-and-vision-frozen", "rl", [MEGATRON, f"{P}.freeze_moe_router=true",
                                                    f"{K}.freeze_vision_model=true"], True, True,
          build="qwen3_vl_moe", trains=frozenset({"language_model", "vision_projection"}), routers_frozen=True),
-    case("sft-lora-plain", "sft", ["model.lora.rank=8"], True, True),
+    case("sft-lora-plain", "sft", [SFT_MODEL, "model.lora.rank=8"], True, True),
     case("sft-lora-next-to-a-full-rank-projection", "sft", [
-        "model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[linear_qkv,linear_proj]",
+        SFT_MODEL, "model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[linear_qkv,linear_proj]",
         "megatron_config.transformer_config_kwargs.freeze_language_model=true",
         "megatron_config.transformer_config_kwargs.freeze_vision_model=true"], True, True,
          build="qwen3_vl", trains=frozenset({"vision_projection"})),
-    case("sft-lora-all-parts-frozen", "sft", ["model.lora.rank=8",
+    case("sft-lora-all-parts-frozen", "sft", [SFT_MODEL, "model.lora.rank=8",
                                               "megatron_config.transformer_config_kwargs.freeze_language_model=true",
                                               "megatron_config.transformer_config_kwargs.freeze_vision_model=true",
                                               "megatron_config.transformer_config_kwargs.freeze_vision_projection=true"],
          True, True),
-    case("sft-lora-with-frozen-vision", "sft", ["model.lora.rank=8",
+    case("sft-lora-with-frozen-vision", "sft", [SFT_MODEL, "model.lora.rank=8",
                                                 "megatron_config.transformer_config_kwargs.freeze_vision_model=true"],
          True, True),
     case("rl-lora-with-a-full-rank-part", "rl", [MEGATRON, "trainer.policy.model.lora.rank=8",
@@ -151,28 +155,58 @@ CASES = [
     # SkyRL's worker hands Bridge's LoRA "all-linear" (its default) as six Megatron leaf names: a part gets adapters
     # where it has modules of those names (Qwen3-VL's Megatron vision tower and merger do; Qwen2.5-VL's HF tower does
     # not; Gemma 3's SigLIP tower has a plain torch.nn.Linear out_proj)
-    case("sft-lora-all-linear-everything-frozen", "sft", ["model.lora.rank=8", *SFT_ALL_FROZEN], True, True,
+    case("sft-lora-all-linear-everything-frozen", "sft", [SFT_MODEL, "model.lora.rank=8", *SFT_ALL_FROZEN], True,
+         True,
          build="qwen3_vl", adapters=ALL),
-    case("sft-lora-all-linear-next-to-a-full-rank-projection", "sft", ["model.lora.rank=4", *SFT_ALL_FROZEN[:2]],
+    case("sft-lora-all-linear-next-to-a-full-rank-projection", "sft",
+         [SFT_MODEL, "model.lora.rank=4", *SFT_ALL_FROZEN[:2]],
          True, False, build="qwen3_vl", build_refuses="LoraOverlapError",
          differs="SkyRL's all-linear list names linear_fc1 / linear_fc2, which Qwen3-VL's merger and DeepStack "
                  "mergers have: adapters on the projection it trains at full rank, which the build refuses",
          says=r"'linear_fc1' \(in vision_projection\).*LoraOverlapError"),
-    case("sft-lora-all-linear-hf-vision-tower-trains", "sft", ["model.lora.rank=4", SFT_ALL_FROZEN[0]], True, True,
+    case("sft-lora-all-linear-hf-vision-tower-trains", "sft", [SFT_MODEL, "model.lora.rank=4", SFT_ALL_FROZEN[0]],
+         True, True,
          build="qwen25_vl", trains=frozenset({"vision_model", "vision_projection"}),
          adapters=frozenset({"language_model"})),
     case("sft-lora-narrow-list-hf-vision-tower", "sft", [
-        "model.lora.rank=4", "model.lora.target_modules=[linear_qkv,linear_proj]", *SFT_ALL_FROZEN[:2]], True, True,
+        SFT_MODEL, "model.lora.rank=4", "model.lora.target_modules=[linear_qkv,linear_proj]", *SFT_ALL_FROZEN[:2]],
+         True, True,
          build="qwen25_vl", trains=frozenset({"vision_projection"}), adapters=frozenset({"language_model"})),
     case("sft-lora-narrow-list-megatron-vision-tower", "sft", [
-        "model.lora.rank=4", "model.lora.target_modules=[linear_qkv,linear_proj]", *SFT_ALL_FROZEN[:2]], True, True,
+        SFT_MODEL, "model.lora.rank=4", "model.lora.target_modules=[linear_qkv,linear_proj]", *SFT_ALL_FROZEN[:2]],
+         True, True,
          build="qwen3_vl", trains=frozenset({"vision_projection"}),
          adapters=frozenset({"language_model", "vision_model"})),
-    case("sft-lora-all-linear-siglip-out-proj", "sft", ["model.lora.rank=4", *SFT_ALL_FROZEN], True, False,
+    case("sft-lora-all-linear-siglip-out-proj", "sft", [SFT_MODEL, "model.lora.rank=4", *SFT_ALL_FROZEN], True, False,
          build="gemma3_vl", build_refuses="UnexportableAdapterError",
          differs="SkyRL's all-linear list names out_proj, a plain torch.nn.Linear of Gemma 3's SigLIP tower: Bridge "
                  "wraps it as LinearAdapter, whose training no export carries, and the build refuses it",
          says=r"'out_proj' \(reaches vision_tower\)"),
+    # SkyRL's loader rewrites these before its key check (issue 46 item 9): accepted, never refused in its name
+    case("rl-legacy-use-sample-packing", "rl", ["trainer.use_sample_packing=true"], True, True),
+    case("sft-legacy-use-sample-packing", "sft", ["use_sample_packing=true"], True, True),
+    case("rl-legacy-async-engine-true", "rl", ["generator.inference_engine.async_engine=true"], True, True),
+    case("rl-dump-legacy-use-sample-packing", "rl", ["trainer.use_sample_packing=false"], True, True, dump=True),
+    case("rl-legacy-key-and-its-new-name", "rl", ["trainer.use_sample_packing=true",
+                                                  "trainer.remove_microbatch_padding=true"], False, False,
+         says=r"Specify only one of trainer\.use_sample_packing \(deprecated\) and trainer\.remove_microbatch_padding"),
+    case("rl-legacy-async-engine-false", "rl", ["generator.inference_engine.async_engine=false"], False, False,
+         says=r"from_cli_overrides: ValueError: `async_engine=False` is no longer supported"),
+    # SkyRL refuses these on their values when it builds its config (issue 46 item 15)
+    case("sft-num-epochs-with-num-steps", "sft", ["num_epochs=2", "num_steps=3"], False, False,
+         says=r"SkyRL 0\.4\.0 refuses .*Cannot specify both num_epochs and num_steps"),
+    case("rl-fake-int4-qat-without-lora", "rl", [MEGATRON, f"trainer.policy.model.{QAT}"], False, False,
+         says=r"AssertionError: `trainer\.policy\.model\.fake_int4_qat\.enabled=True` currently requires LoRA"),
+    case("sft-fake-int4-qat-without-lora", "sft", [f"model.{QAT}"], False, False,
+         says=r"from_dict_config: AssertionError: .*fake_int4_qat\.enabled=True` currently requires LoRA"),
+    case("sft-lora-without-model-path", "sft", ["model.lora.rank=8"], False, False,
+         says=r"validate_sft_cfg: ValueError: model\.path must be set"),
+    case("rl-router-train-pattern-next-to-freeze-moe-router", "rl", [
+        MEGATRON, f"{P}.freeze_moe_router=true", *PROJECTION_ONLY, rf"{K}.train_patterns=[.*mlp\.router\..*]"],
+         True, False, build="qwen3_vl_moe", build_refuses="FreezeGuaranteeError",
+         differs="SkyRL's freeze_moe_router hook runs after the plugin's freeze and freezes the routers the pattern "
+                 "trains in the frozen language model: the build refuses the result (issue 46 item 12)",
+         says=r"trains the MoE routers .*freeze_moe_router=true freezes those routers.*FreezeGuaranteeError"),
     case("rl-typo-section", "rl", ["trainer.polcy.model.path=x"], False, False,
          says=r"Invalid fields \{'polcy'\} for TrainerConfig\); did you mean trainer\.policy\?"),
     case("rl-typo-megatron-field", "rl", [f"{P}.tensor_model_paralel_size=2"], False, False,
@@ -231,17 +265,29 @@ def skyrl_as_released(monkeypatch):
 
 
 def skyrl_loads(c: Case) -> bool:
+    """SkyRL's loader, and (SFT) the validation its SFT entry point runs first (``build_skyrl_config_for_sft`` ->
+    ``validate_sft_cfg``; the RL entry point's ``validate_cfg`` imports Ray, not installed here)."""
     from omegaconf import OmegaConf
     from skyrl.train.config import SkyRLTrainConfig
-    from skyrl.train.config.sft_config import SFTConfig
+    from skyrl.train.config.sft_config import SFTConfig, validate_sft_cfg
 
     cls = SkyRLTrainConfig if c.layout == "rl" else SFTConfig
     try:
         if not c.dump:
-            cls.from_cli_overrides(list(c.overrides))
-        else:  # SkyRL's own objects (its enum) from its own dump, then the overrides as its loader merges them
+            built = cls.from_cli_overrides(list(c.overrides))
+        else:  # SkyRL's own objects (its enum) from its own dump, then the overrides as its loader rewrites them
             written = yaml.load(DUMPS[c.layout].read_text(encoding="utf-8"), Loader=yaml.UnsafeLoader)
-            cls.from_dict_config(OmegaConf.merge(OmegaConf.create(written), OmegaConf.from_cli(list(c.overrides))))
+            handed = {}
+
+            class Handed(cls):
+                @classmethod
+                def from_dict_config(cls, cfg):
+                    handed["cfg"] = cfg
+
+            Handed.from_cli_overrides(list(c.overrides))
+            built = cls.from_dict_config(OmegaConf.merge(OmegaConf.create(written), handed["cfg"]))
+        if c.layout == "sft":
+            validate_sft_cfg(built)
     except (ValueError, TypeError, AttributeError, AssertionError):
         return False
     return True
@@ -276,6 +322,10 @@ def test_check_config_accepts_what_skyrls_loader_accepts(c, skyrl_as_released):
         assert c.says and re.search(c.says, str(result), re.S), result
     else:  # read as SkyRL 0.4.0 reads it, and said so
         assert "checked against the installed skyrl 0.4.0's config classes" in result.loaded.layout_reason
+        ran = "SFTConfig.from_dict_config and validate_sft_cfg" if c.layout == "sft" else (
+            "SkyRLTrainConfig.from_dict_config; its validate_cfg (skyrl.train.utils.utils, which imports Ray) was not "
+            "run")
+        assert f"values checked by SkyRL's own {ran}" in result.loaded.layout_reason
         assert "conflicting evidence" not in result.loaded.layout_reason  # its own evidence is no conflict
     assert (c.skyrl_accepts == c.check_config_accepts) is (c.differs is None)
     if c.trains:
@@ -291,6 +341,10 @@ def test_the_layout_is_read_as_skyrl_reads_it_from_the_committed_listing(monkeyp
     run = load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_dsa_indexer=true", *PROJECTION_ONLY])
     assert parts(run.validate().trained_parts()) == {"vision_projection"}
     assert f"{P}.freeze_dsa_indexer" in {o.key for o in run.settings.sources.own_freeze}
+    # SkyRL's own loader cannot run: its rewrites are not applied, and its refusals of values are not checked
+    assert run.loaded.layout_reason.endswith(
+        "values not checked: SkyRL refuses some values when it builds its config, and skyrl is not importable here "
+        "to build it")
     with pytest.raises(InvalidFreezeConfigError, match=r"Invalid fields \{'freeze_vision_model'\} for MegatronConfig.*"
                                         rf"{K}\.freeze_vision_model"):
         load_run(DUMPS["rl"], [MEGATRON, f"{P}.freeze_vision_model=true"])
@@ -425,9 +479,9 @@ def test_the_predicted_selection_is_what_the_plugin_builds(c, cpu_bridge, skyrl_
 
 @pytest.mark.parametrize("c", [p for p in CASES if p.values[0].build_refuses])
 def test_what_check_config_refuses_for_lora_the_build_refuses(c, cpu_bridge, skyrl_as_released, tmp_path):
-    """Where check-config refuses a LoRA target list SkyRL's loader takes, the plugin's build (through SkyRL's
-    provider calls, its all-linear mapping included) refuses it too, before training, with the error check-config
-    names."""
+    """Where check-config refuses a LoRA target list (or a router train pattern next to SkyRL's freeze_moe_router)
+    SkyRL's loader takes, the plugin's build (through SkyRL's provider calls, its all-linear mapping and its router
+    hook included) refuses it too, before training, with the error check-config names."""
     from bridge_freeze_plugin import errors
 
     checkpoint, overrides = _with_checkpoint(c, tmp_path)
