@@ -58,7 +58,7 @@ def _one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: A
 
 
 def _frozen(model: torch.nn.Module, selection: Any) -> list[torch.nn.Parameter]:
-    from bridge_freeze_plugin.families import get_family
+    from bridge_freeze_plugin.registry import get_family
 
     family = get_family(FAMILY)
     parts = selection.frozen_parts()

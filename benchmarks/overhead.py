@@ -112,7 +112,7 @@ def floor_loop(model: Any) -> None:
 
 def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_plugin import apply_selection
-    from bridge_freeze_plugin.families import get_family
+    from bridge_freeze_plugin.registry import get_family
     from bridge_freeze_plugin.request import FreezeSelection
 
     family = get_family("qwen3_vl")

@@ -101,7 +101,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     from bridge_freeze_harness.tiny import build_tiny_model
     from bridge_freeze_harness.train import loss_fn
     from bridge_freeze_plugin import apply_selection
-    from bridge_freeze_plugin.families import get_family
+    from bridge_freeze_plugin.registry import get_family
     from bridge_freeze_plugin.request import FreezeSelection
 
     family = get_family(FAMILY)

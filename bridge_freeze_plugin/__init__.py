@@ -18,15 +18,8 @@ what learned in the first optimizer steps, and that nothing frozen moved); :mod:
 import importlib
 from typing import Any
 
-from bridge_freeze_plugin import families as _families  # noqa: F401  (registers the built-ins)
-from bridge_freeze_plugin.activation import (
-    FreezableVLMProvider,
-    activate,
-    deactivate,
-    freezable_class,
-    is_active,
-    make_freezable,
-)
+from bridge_freeze_plugin import registry as _registry  # noqa: F401  (registers the built-ins)
+from bridge_freeze_plugin.activation import activate, deactivate, is_active
 from bridge_freeze_plugin.audit import AuditReport, audit_step, last_audit
 from bridge_freeze_plugin.errors import (
     AdapterExportError,
@@ -57,15 +50,10 @@ from bridge_freeze_plugin.errors import (
     Violation,
 )
 from bridge_freeze_plugin.export import export_trainable_hf_weights
-from bridge_freeze_plugin.families import (
-    REGISTRY,
-    FamilySpec,
-    family_for_provider,
-    get_family,
-    list_families,
-    register_family,
-)
+from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.mixins import FreezableVLMProvider, freezable_class, make_freezable
 from bridge_freeze_plugin.prewrap import FreezeReport, PartCount, apply_selection, last_report, trainable_state_dict
+from bridge_freeze_plugin.registry import REGISTRY, family_for_provider, get_family, list_families, register_family
 from bridge_freeze_plugin.request import FLAGS, VOCABULARY, FreezeSelection, Part, PartInfo
 
 # Config validation needs OmegaConf: loaded on first use, so importing the plugin stays light.

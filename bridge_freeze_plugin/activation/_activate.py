@@ -30,7 +30,6 @@ from types import ModuleType
 from typing import Any
 
 from _bridge_freeze_autoload import POST_IMPORT
-from bridge_freeze_plugin.activation import freezable as generated
 from bridge_freeze_plugin.activation._class_patch import (
     METHODS,
     all_subclasses,
@@ -52,7 +51,8 @@ from bridge_freeze_plugin.activation._version import warn_untested_bridge
 from bridge_freeze_plugin.audit import FINALIZE, arm
 from bridge_freeze_plugin.audit import install as install_audit_seam
 from bridge_freeze_plugin.export import AUTO_BRIDGE
-from bridge_freeze_plugin.families import REGISTRY, FamilySpec, class_path
+from bridge_freeze_plugin.families import FamilySpec, class_path
+from bridge_freeze_plugin.mixins import allow_targets, disallow_targets
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER_MODULES
 from bridge_freeze_plugin.prewrap import (
     INSTANTIATE,
@@ -66,6 +66,7 @@ from bridge_freeze_plugin.prewrap import (
     resolve_family,
 )
 from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.request import FreezeSelection
 
 logger = logging.getLogger("bridge_freeze_plugin")
@@ -87,7 +88,7 @@ def activate() -> None:
             return
         STATE.active = True
     REGISTRY.load_entry_points()
-    generated.allow_targets()
+    allow_targets()
     for spec in REGISTRY:
         _watch(spec)
     POST_IMPORT.watch(AUTO_BRIDGE[0], guard_adapter_exports)
@@ -148,7 +149,7 @@ def deactivate() -> None:
             _restore_later_subclasses(cls, flag, fld, value)
         STATE.field_defaults.clear()
         STATE.original_defaults.clear()
-        generated.disallow_targets()
+        disallow_targets()
         STATE.active = False
         STATE.deactivated_by_user = True
 

@@ -53,7 +53,7 @@ from bridge_freeze_plugin.request import DEFAULT_STEPS, INFO, SELECTABLE_PARTS, 
 
 def _family_parts(model: str) -> tuple[Any, ...] | None:
     """The parts of the family ``model`` names (``None``: not a registered family)."""
-    from bridge_freeze_plugin.families import REGISTRY
+    from bridge_freeze_plugin.registry import REGISTRY
 
     family = REGISTRY.get_or_none(model)
     return None if family is None else family.part_names()

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, out
-from bridge_freeze_plugin.families import list_families
+from bridge_freeze_plugin.registry import list_families
 from bridge_freeze_plugin.request import SELECTABLE_PARTS, Part
 
 

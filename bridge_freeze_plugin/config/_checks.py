@@ -21,9 +21,10 @@ from bridge_freeze_plugin.config._rules import MEGATRON, asked, config_problems,
 from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.config._values import join_problems
 from bridge_freeze_plugin.errors import InvalidFreezeConfigError, PartNotInFamilyError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.prewrap import full_recompute_adjustment, is_full, resolve_family
 from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.registry import REGISTRY, list_families
 from bridge_freeze_plugin.request import ALIASES, BY_NAME, FLAG_PARTS, FreezeSelection, label
 
 logger = logging.getLogger("bridge_freeze_plugin")

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from bridge_freeze_plugin.errors import UnknownFamilyError
-from bridge_freeze_plugin.families import REGISTRY, FamilySpec
+from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.registry import REGISTRY
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -88,17 +89,20 @@ def flag_defaults_sentence() -> str:
 #: The only modules a config's ``_target_`` may make this process import: Megatron-Bridge's own (its providers).
 #: Anything else is compared by name against the registry, never imported: a config must not run code.
 _IMPORTABLE = "megatron.bridge."
-#: The plugin's generated freezable subclasses (``make_freezable``): their name encodes the provider class.
-_GENERATED = "bridge_freeze_plugin.activation.freezable."
-
-
 def _decoded(target: str) -> str | None:
-    """The provider class path (``module:QualName``) a generated freezable subclass name encodes, if it is one."""
-    if not target.startswith(_GENERATED):
-        return None
-    from bridge_freeze_plugin.activation import GENERATED_CLASS_PREFIX, decode_class_path
+    """The provider class path (``module:QualName``) a generated freezable subclass name encodes, if it is one
+    (the plugin's generated freezable subclasses, ``make_freezable``: under their module, or one an earlier version
+    wrote)."""
+    from bridge_freeze_plugin.mixins import (
+        FORMER_MODULES,
+        GENERATED_CLASS_PREFIX,
+        GENERATED_MODULE,
+        decode_class_path,
+    )
 
-    name = target[len(_GENERATED):]
+    module, _, name = target.rpartition(".")
+    if module not in (GENERATED_MODULE, *FORMER_MODULES):
+        return None
     _, sep, token = name.rpartition("_x")
     return decode_class_path(token) if name.startswith(GENERATED_CLASS_PREFIX) and sep else None
 
@@ -107,7 +111,8 @@ def family_from_target(target: str) -> FamilySpec | None:
     """The family of a provider class path as Bridge writes it (``pkg.module.ClassName``), without importing it.
 
     Names are compared with the registry's provider classes; a generated freezable subclass
-    (``bridge_freeze_plugin.activation.freezable.Freezable...``) is read as the provider class its name encodes.
+    (``bridge_freeze_plugin.mixins.freezable.Freezable...``, or a former module's) is read as the provider class
+    its name encodes.
     """
     decoded = _decoded(target)
     if decoded is not None:

@@ -28,7 +28,8 @@ from bridge_freeze_plugin.config._rules import MEGATRON
 from bridge_freeze_plugin.config._run_settings import LoraRead, LoraSettings, RunSettings, RunSwitches, SelectionSources
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
 from bridge_freeze_plugin.config._values import Setting, select
-from bridge_freeze_plugin.families import REGISTRY, FamilySpec, family_for_provider
+from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.registry import REGISTRY, family_for_provider
 from bridge_freeze_plugin.request import FreezeSelection
 
 __all__ = [

@@ -69,7 +69,7 @@ def _parts_of_run(model: dict[str, Any]) -> tuple[Part, ...]:
     """The model's parts, from the family of the provider class the run config names (``_target_``); unknown:
     the parts assumed for a vision-language model."""
     from bridge_freeze_plugin.errors import UnknownFamilyError
-    from bridge_freeze_plugin.families import REGISTRY
+    from bridge_freeze_plugin.registry import REGISTRY
 
     target = str(model.get("_target_") or "")
     for name in (target.rpartition(".")[2], target.rpartition(".")[2].removeprefix("Freezable")):

@@ -1,7 +1,7 @@
 """Ernie-4.5-VL. Bridge's own freeze() leaves ``vision_tower.ln`` to no flag; here the whole
 tower is the vision model."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

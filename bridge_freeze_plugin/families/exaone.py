@@ -6,7 +6,7 @@ freeze() makes MTP trainable exactly when that flag is off, whatever ``freeze_la
 (it re-enables MTP after freezing the language model). As ``other``, no flag of ours touches it, so
 Bridge's ``freeze_mtp_model`` (which the plugin leaves on the provider) keeps deciding, as in Bridge."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

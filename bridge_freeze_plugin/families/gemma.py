@@ -1,6 +1,6 @@
 """Gemma-VL 3 and 4."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 _PKG = "megatron.bridge.models.gemma_vl"
 

@@ -2,7 +2,7 @@
 visual.downsample and visual.post_layernorm to no flag; here the whole ``visual`` tower
 except its merger is the vision model."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

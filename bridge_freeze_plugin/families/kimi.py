@@ -1,6 +1,6 @@
 """Kimi K2.5-VL (vision tower from the checkpoint's remote code)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec, OfflineConfig
+from bridge_freeze_plugin.families._spec import FamilySpec, OfflineConfig
 
 FAMILIES = [
     FamilySpec(

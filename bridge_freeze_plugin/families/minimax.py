@@ -7,7 +7,7 @@ then ``patch_merge_mlp`` (per merged 2x2 group). Bridge's own freeze() covers al
 them with ``requires_grad=False`` and never runs them, so they are ``other`` (no flag makes them
 trainable)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

@@ -1,6 +1,6 @@
 """Ministral 3 (Mistral's VLM: Pixtral-style `vision_tower`, `multi_modal_projector`)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

@@ -1,7 +1,7 @@
 """Nemotron-VL (Nano V2 VL) and Nemotron Omni: a LLaVA model under ``llava_model``; on Bridge 0.7.0 Nemotron Omni's
 provider builds its parts at the top level instead (a layout of its own)."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec, OfflineConfig, ProviderLayout
+from bridge_freeze_plugin.families._spec import FamilySpec, OfflineConfig, ProviderLayout
 
 _LLAVA = {
     "language_model": ("llava_model.language_model",),

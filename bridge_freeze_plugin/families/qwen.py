@@ -1,6 +1,6 @@
 """Qwen-VL families. In all of them the projection lives INSIDE the vision module."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 _PKG = "megatron.bridge.models.qwen_vl"
 

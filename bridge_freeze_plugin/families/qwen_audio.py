@@ -17,7 +17,7 @@ Bridge 0.6.2's own ``freeze()`` of each model:
   alone leaves ``proj1`` / ``proj2`` training; set ``freeze_audio_projection`` too for Bridge's behaviour.
 """
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

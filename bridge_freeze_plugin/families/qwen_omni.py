@@ -13,7 +13,7 @@ all of ``thinker.audio_model`` (its projection too); on a registered provider th
 the projections are parts of their own.
 """
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 _PKG = "megatron.bridge.models.qwen_omni"
 _NOT_BUILT = (

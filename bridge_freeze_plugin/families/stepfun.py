@@ -6,7 +6,7 @@ language model's word embedding it also uses is held outside its registered subm
 ``language_model.embedding``); anything else that appears there one day falls under no prefix and
 makes a freeze fail loudly. Bridge's own freeze() covers all of them."""
 
-from bridge_freeze_plugin.families._registry import FamilySpec
+from bridge_freeze_plugin.families._spec import FamilySpec
 
 FAMILIES = [
     FamilySpec(

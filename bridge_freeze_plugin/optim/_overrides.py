@@ -178,7 +178,7 @@ def _selections(model: Any) -> Iterator[Any]:
 
 def _untrained(model: Any) -> set[str]:
     """Parts that train nowhere by the selection: frozen by their flag, and no train pattern reaches them."""
-    from bridge_freeze_plugin.families import get_family
+    from bridge_freeze_plugin.registry import get_family
 
     out: set[str] = set()
     for state in _states(model):
@@ -190,7 +190,7 @@ def _untrained(model: Any) -> set[str]:
 
 def _refuse_absent_parts(model: Any, rates: PartLearningRates) -> None:
     """An LR for a part the model's family does not have (``lr_audio_model`` on a VLM) would never apply."""
-    from bridge_freeze_plugin.families import get_family
+    from bridge_freeze_plugin.registry import get_family
 
     families = {state.family: get_family(state.family) for state in _states(model)}
     has = {part.value for family in families.values() for part in family.part_names()}

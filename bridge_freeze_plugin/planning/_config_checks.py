@@ -129,7 +129,7 @@ def bridge_registers(model_type: str) -> bool:
     """Whether Megatron-Bridge registers ``model_type``'s config class with transformers when imported (its
     vendored configs: Qwen3-ASR, Step-3.7). Asked only for a registered family's type transformers does not know
     (the plan imports Bridge next anyway); any other type is answered without importing it."""
-    from bridge_freeze_plugin.families import list_families
+    from bridge_freeze_plugin.registry import list_families
 
     if not any(model_type in family.hf_model_types for family in list_families()):
         return False
@@ -147,8 +147,8 @@ def unknown_type_message(model_type: str, cfg_file: Path, *, remote: bool) -> st
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     from bridge_freeze_harness.tiny import TINY_FAMILIES
-    from bridge_freeze_plugin.families import list_families
     from bridge_freeze_plugin.planning._offline_configs import OFFLINE_TYPES
+    from bridge_freeze_plugin.registry import list_families
 
     readable, tiny_only = [], []
     for family in list_families():

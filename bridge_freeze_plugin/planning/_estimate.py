@@ -315,7 +315,7 @@ def make_plan(
 
 
 def _family_parts(family: str) -> tuple[Part, ...] | None:
-    from bridge_freeze_plugin.families import REGISTRY
+    from bridge_freeze_plugin.registry import REGISTRY
 
     spec = REGISTRY.get_or_none(family)
     return None if spec is None else spec.part_names()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
-from bridge_freeze_plugin.families import FamilySpec, family_for_provider, list_families
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.planning._config_checks import DEFAULT_MAX_LAYER_BLOCKS
 from bridge_freeze_plugin.planning._estimate import MemoryAssumptions, ParamInfo, Plan, collect_params, make_plan
 from bridge_freeze_plugin.planning._layout import Layout
@@ -32,6 +32,7 @@ from bridge_freeze_plugin.planning._model_choice import (
 from bridge_freeze_plugin.planning._per_rank import _LM_LAYER, ActivationSettings, plan_ranks
 from bridge_freeze_plugin.planning._sync_bytes import plan_sync
 from bridge_freeze_plugin.prewrap import model_name_of, provider_label
+from bridge_freeze_plugin.registry import family_for_provider, list_families
 from bridge_freeze_plugin.request import FreezeSelection, Part
 
 

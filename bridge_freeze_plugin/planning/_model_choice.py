@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, PlanError
-from bridge_freeze_plugin.families import REGISTRY, FamilySpec, list_families
+from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.planning._config_checks import DEFAULT_MAX_LAYER_BLOCKS, check_hf_config, field_error
 from bridge_freeze_plugin.prewrap import provider_label
+from bridge_freeze_plugin.registry import REGISTRY, list_families
 
 
 def error_line(exc: BaseException) -> str:

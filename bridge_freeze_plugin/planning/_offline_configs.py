@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.errors import PlanError
-from bridge_freeze_plugin.families import OfflineConfig, list_families
+from bridge_freeze_plugin.families import OfflineConfig
+from bridge_freeze_plugin.registry import list_families
 
 #: Keys a config.json's sub-config may carry that describe the remote code, not the model.
 _REMOTE_KEYS = ("auto_map", "architectures", "model_type")

@@ -2,7 +2,7 @@
 
 Runs on bare model chunks (a list for virtual pipeline, or one module) before Float16Module and the
 DDP wrap, so DDP allocates no gradient buffer and the optimizer keeps no state for frozen weights.
-Generic: everything family-specific comes from the :class:`~bridge_freeze_plugin.families._registry.FamilySpec`.
+Generic: everything family-specific comes from the :class:`~bridge_freeze_plugin.families.FamilySpec`.
 """
 
 from __future__ import annotations

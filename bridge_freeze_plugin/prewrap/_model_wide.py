@@ -20,12 +20,12 @@ import dataclasses
 import logging
 from typing import Any
 
-from bridge_freeze_plugin.families import REGISTRY
 from bridge_freeze_plugin.prewrap._classify import Classifier, named_parameters
 from bridge_freeze_plugin.prewrap._counting import PartTally
 from bridge_freeze_plugin.prewrap._report import FreezeReport
 from bridge_freeze_plugin.prewrap._state import provider_state
 from bridge_freeze_plugin.ranks import collective_device, world
+from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.request import PatternTally, check_matched
 
 logger = logging.getLogger("bridge_freeze_plugin")

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_freeze_plugin.errors import UnsupportedFreezeFlagError
-from bridge_freeze_plugin.families import family_for_provider
 from bridge_freeze_plugin.prewrap import _recompute_fix as recompute_fix
 from bridge_freeze_plugin.prewrap._collective import errors_agreed
 from bridge_freeze_plugin.prewrap._context import BuildContext
@@ -31,6 +30,7 @@ from bridge_freeze_plugin.prewrap._report import log_report
 from bridge_freeze_plugin.prewrap._state import provider_state
 from bridge_freeze_plugin.prewrap._subclass_build import added_after_base, addition_notes, mark_additions, parameter_ids
 from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.registry import family_for_provider
 
 
 @dataclass(frozen=True)

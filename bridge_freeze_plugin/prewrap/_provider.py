@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_freeze_plugin.errors import PartNotInFamilyError, UnsupportedFreezeFlagError
-from bridge_freeze_plugin.families import (
-    UNSUPPORTED_PROVIDERS,
-    FamilySpec,
-    class_path,
-    family_for_provider,
-    list_families,
-)
+from bridge_freeze_plugin.families import UNSUPPORTED_PROVIDERS, FamilySpec, class_path
 from bridge_freeze_plugin.prewrap._state import STATE
+from bridge_freeze_plugin.registry import family_for_provider, list_families
 from bridge_freeze_plugin.request import ALIASES, FLAG_PARTS, FLAGS, FreezeSelection, asked_text, label
 
 #: Marks the plugin's own classes (the mixin, generated freezable subclasses) in a provider's MRO.

@@ -1,7 +1,7 @@
 """All of the plugin's process-wide state, in one object that activation owns.
 
 :data:`STATE` is the only mutable global of the plugin besides the family registry (which owns its
-own state, :data:`bridge_freeze_plugin.families._registry.REGISTRY`). Everything activation changes on Bridge's
+own state, :data:`bridge_freeze_plugin.registry.REGISTRY`). Everything activation changes on Bridge's
 classes is recorded here, so :func:`bridge_freeze_plugin.deactivate` can undo it exactly; the record
 survives ``importlib.reload`` of any plugin module because it lives in this module only and is not
 re-created when this module is reloaded (see :func:`_shared_state`).

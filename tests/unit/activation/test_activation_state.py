@@ -157,5 +157,5 @@ def _activated_with(name: str, provider: str) -> Iterator[None]:
         bfp.activate()
         yield
     finally:
-        bfp.families.REGISTRY.unregister(name)
+        bfp.REGISTRY.unregister(name)
         bfp.activate()

@@ -444,7 +444,7 @@ def test_the_demo_tests_cover_every_family_run_or_refused():
     with its reason by the one before; and the demo's own list of what it runs is :data:`DEMO_FAMILIES`."""
     from bridge_freeze_harness.demo_scope import demo_families
     from bridge_freeze_harness.tiny import TINY_FAMILIES
-    from bridge_freeze_plugin.families import REGISTRY
+    from bridge_freeze_plugin.registry import REGISTRY
 
     run_by_test = {args[0] if args else "qwen3_vl" for args, *_ in _DEMO_CASES}
     assert run_by_test == set(DEMO_FAMILIES) == set(demo_families())

@@ -446,7 +446,7 @@ def planted(tmp_path, monkeypatch):
 
 
 def _generated_name(path: str) -> str:
-    from bridge_freeze_plugin.activation import encode_class_path as _encode
+    from bridge_freeze_plugin.mixins import encode_class_path as _encode
 
     return f"bridge_freeze_plugin.activation.freezable.FreezableProvider_x{_encode(path)}"
 
@@ -470,8 +470,8 @@ def test_check_config_never_imports_a_target_outside_bridge(capsys, planted, tar
 
 
 def test_bridge_and_generated_targets_are_still_recognised_by_name():
-    from bridge_freeze_plugin.activation import generated_class_name as class_name
     from bridge_freeze_plugin.config._family import family_from_target
+    from bridge_freeze_plugin.mixins import generated_class_name as class_name
 
     class Qwen3VLModelProvider:  # named and placed as Bridge's class, to ask for its generated name only
         pass

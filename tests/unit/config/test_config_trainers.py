@@ -701,7 +701,7 @@ def test_bridges_name_of_an_audio_flag_is_refused_for_a_family_whose_provider_la
     """Sibling of issue 37 item 1: NeMo-RL setattr's megatron_cfg.freeze_sound_* only after hasattr (a ValueError
     otherwise), and Bridge's instantiate drops a run_config field its class lacks: the part would train. Which
     provider declares the alias is read from Bridge's source with ast (declared_freeze_fields), not from the plugin."""
-    from bridge_freeze_plugin.families import REGISTRY
+    from bridge_freeze_plugin.registry import REGISTRY
 
     classes = {path.rsplit(":", 1)[1] for path in REGISTRY.get(family).providers}
     declares = bool(classes & declared_freeze_fields()[alias])

@@ -32,7 +32,7 @@ from bridge_freeze_plugin.config._validation import (
     validate_sft_config,
 )
 from bridge_freeze_plugin.errors import BridgeFreezeError, FreezeFlagTypeError
-from bridge_freeze_plugin.families import REGISTRY
+from bridge_freeze_plugin.registry import REGISTRY
 
 ALL_THREE = dict.fromkeys(VLM_FLAGS, True)
 

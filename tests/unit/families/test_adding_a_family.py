@@ -33,7 +33,7 @@ NEMO_RL_GRPO = ROOT / "tests" / "fixtures" / "configs" / "nemo_rl" / "examples" 
 TOY_FAMILY = textwrap.dedent('''
     """A toy VLM family (written by tests/unit/families/test_adding_a_family.py)."""
 
-    from bridge_freeze_plugin.families._registry import FamilySpec, OfflineConfig
+    from bridge_freeze_plugin.families import FamilySpec, OfflineConfig
 
     FAMILIES = [
         FamilySpec(

@@ -116,4 +116,4 @@ def test_the_070_layout_on_a_plain_provide_and_its_report(classes):
 
 
 def test_the_new_hf_model_type_is_nemotron_omni():
-    assert bfp.get_family(OMNI) is bfp.families.REGISTRY.for_hf_model_type("NemotronH_Super_Omni_Reasoning_V3")
+    assert bfp.get_family(OMNI) is bfp.REGISTRY.for_hf_model_type("NemotronH_Super_Omni_Reasoning_V3")

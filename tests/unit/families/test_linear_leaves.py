@@ -10,7 +10,8 @@ import torch
 from _family_parts import part_of
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError
-from bridge_freeze_plugin.families import FamilySpec, get_family
+from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.registry import get_family
 
 #: tiny configuration -> registry family, where the names differ
 _FAMILY = {"qwen35_vl_moe": "qwen35_vl"}

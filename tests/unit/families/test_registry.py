@@ -17,7 +17,8 @@ from bridge_freeze_plugin import (
     list_families,
     register_family,
 )
-from bridge_freeze_plugin.families._registry import FamilyRegistry, class_path
+from bridge_freeze_plugin.families import class_path
+from bridge_freeze_plugin.registry import FamilyRegistry
 
 
 def _spec(name="toy", providers=("tests.toy:ToyProvider",), **kw):

@@ -16,7 +16,7 @@ import pytest
 
 from bridge_freeze_plugin import FamilySpec, register_family
 from bridge_freeze_plugin.errors import FamilyRegistrationError
-from bridge_freeze_plugin.families._registry import REGISTRY, FamilyRegistry, get_family
+from bridge_freeze_plugin.registry import REGISTRY, FamilyRegistry, get_family
 
 #: Every field of a family that holds a sequence of strings, written out here (not read from the plugin).
 SEQUENCES = ("providers", "language_model", "vision_model", "vision_projection", "other", "hf_model_types",

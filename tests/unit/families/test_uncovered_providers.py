@@ -45,7 +45,7 @@ def _private(cls: type) -> bool:
 
 
 def test_every_bridge_provider_with_a_flag_is_covered_or_refused_by_name(cpu_bridge):
-    from bridge_freeze_plugin.families._registry import class_path
+    from bridge_freeze_plugin.families import class_path
     from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
 
     classes = _bridge_provider_classes_with_a_flag()

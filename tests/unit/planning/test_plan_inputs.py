@@ -163,7 +163,7 @@ def test_a_registered_type_nothing_reads_names_the_family_and_what_to_plan(tmp_p
     refusal names the family, and its tiny plan where the harness has a tiny configuration of it (faked), else
     says there is none; never "another family" nor "another transformers"."""
     from bridge_freeze_harness import tiny
-    from bridge_freeze_plugin.families import REGISTRY, register_family
+    from bridge_freeze_plugin.registry import REGISTRY, register_family
 
     if with_tiny:
         monkeypatch.setattr(tiny, "TINY_FAMILIES", {**tiny.TINY_FAMILIES, "acme_vl": None})

@@ -243,10 +243,10 @@ def test_activation_estimate_against_a_tiny_vlm_measured_on_the_cpu(cpu_bridge):
 
     from bridge_freeze_harness import train
     from bridge_freeze_harness.tiny import build_tiny_model
-    from bridge_freeze_plugin.families import REGISTRY
     from bridge_freeze_plugin.planning._activations import StageLayers, micro_batch_bytes, vision_depth
     from bridge_freeze_plugin.planning._layout import Layout
     from bridge_freeze_plugin.planning._per_rank import activation_model
+    from bridge_freeze_plugin.registry import REGISTRY
     from bridge_freeze_plugin.request import FreezeSelection
 
     provider = train.make_provider("qwen3_vl")

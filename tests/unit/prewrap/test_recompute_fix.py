@@ -17,7 +17,7 @@ import torch
 from bridge_freeze_harness import train
 from bridge_freeze_harness.tiny import build_context
 from bridge_freeze_plugin import FreezeSelection, Part, get_family, make_freezable
-from bridge_freeze_plugin.families import REGISTRY
+from bridge_freeze_plugin.registry import REGISTRY
 
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}

@@ -1,8 +1,12 @@
 """The family registry: which module prefixes make up each part of each VLM family.
 
-Family knowledge is data (:class:`FamilySpec`, one per family, see :mod:`bridge_freeze_plugin.families`);
-everything here is generic. Provider classes are named by import path (``"package.module:Class"``)
-and are only compared by name, so listing or looking up families imports no model code.
+One of the design's two homes (the other is :mod:`bridge_freeze_plugin.mixins`). Family knowledge is data
+(:class:`FamilySpec`, one per family, in the family's own module under :mod:`bridge_freeze_plugin.families`);
+everything here is generic. Importing this module registers the built-in tables
+(:data:`~bridge_freeze_plugin.families.BUILTIN_FAMILIES`) in :data:`REGISTRY`, once; other installed packages
+add theirs through the ``bridge_freeze_plugin.families`` entry-point group, read on the first lookup. Provider
+classes are named by import path (``"package.module:Class"``) and are only compared by name, so listing or looking
+up families imports no model code.
 
 Usage, in the spirit of timm's ``@register_model`` and PEFT's ``register_peft_method``::
 
@@ -24,25 +28,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from bridge_freeze_plugin.errors import FamilyRegistrationError, UnknownFamilyError
-from bridge_freeze_plugin.families._spec import (
+from bridge_freeze_plugin.families import (
+    BUILTIN_FAMILIES,
+    UNSUPPORTED_PROVIDERS,
     FamilySpec,
-    OfflineConfig,
-    ProviderLayout,
-    canonical_name,
     class_path,
 )
-from bridge_freeze_plugin.families.unsupported import UNSUPPORTED_PROVIDERS
 from bridge_freeze_plugin.ranks import is_rank0
+from bridge_freeze_plugin.request import use_family_source
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "REGISTRY",
     "FamilyRegistry",
-    "FamilySpec",
-    "OfflineConfig",
-    "ProviderLayout",
-    "canonical_name",
-    "class_path",
     "family_for_provider",
     "get_family",
     "list_families",
@@ -182,6 +180,8 @@ class FamilyRegistry:
 
 #: The process-wide registry the plugin uses.
 REGISTRY = FamilyRegistry()
+for _builtin in BUILTIN_FAMILIES:
+    REGISTRY.register(_builtin)
 
 
 def register_family(
@@ -247,8 +247,7 @@ def family_for_provider(provider: Any) -> FamilySpec | None:
 
 
 def _ensure_builtins() -> None:
-    # The built-in tables are registered by the families package, which every import of this module runs first
-    # (it is the package's private module): only the entry points may be new.
+    # The built-in tables were registered when this module was imported: only the entry points may be new.
     REGISTRY.load_entry_points()
 
 
@@ -299,3 +298,7 @@ def _register_entry_points(registry: FamilyRegistry) -> list[FamilySpec]:
 def load_entry_point_families(*, force: bool = False) -> int:
     """:meth:`FamilyRegistry.load_entry_points` of the process-wide registry."""
     return REGISTRY.load_entry_points(force=force)
+
+
+# FreezeSelection.untrained_parts() without a family's prefixes asks every registered family.
+use_family_source(list_families)
