@@ -1,6 +1,8 @@
 """Reading a YAML config file safely: a regular file of bounded size (:data:`._yaml_overrides.MAX_FILE_BYTES`), its
 YAML checked before anything expands it (:func:`._yaml_overrides.check_yaml`), a mapping at the top, loaded as
-OmegaConf loads it (SkyRL's dumped enum tags read as their values)."""
+OmegaConf loads it (SkyRL's dumped enum tags read as their values). A saved config Bridge wrote (``run_config.yaml``,
+NeMo-RL's conversion cache) goes through the same checks with its own bound, read as Bridge reads it
+(:func:`read_saved_config`: YAML's safe schema, so a Python tag is refused as Bridge refuses it)."""
 
 from __future__ import annotations
 
@@ -16,28 +18,60 @@ from bridge_freeze_plugin.config import _yaml_tags as enum_tags
 from bridge_freeze_plugin.config._yaml_overrides import MAX_FILE_BYTES, brief, check_yaml
 from bridge_freeze_plugin.errors import ConfigLoadError
 
+#: The most a saved config (a ``run_config.yaml``) may hold: Bridge writes tens of kilobytes (every provider field,
+#: the nested HF configs, the other sections); at this bound YAML's Python reader already takes seconds.
+MAX_SAVED_CONFIG_BYTES = 1024 * 1024
 
-def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
-    """The mapping at the top of a YAML file; an error for a directory, an empty file, ``null`` or a scalar."""
+
+def read_bounded_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES,
+                      what: str = "config file") -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``, its YAML nesting and aliases checked
+    (:func:`check_yaml`); every failure is one :class:`ConfigLoadError` line naming the file."""
     file = Path(path)
     shown_path = brief(os.fspath(path))
     try:
         if file.is_dir():
-            raise ConfigLoadError(f"{shown_path} is a directory, not a config file: give the YAML file inside it")
+            raise ConfigLoadError(f"{shown_path} is a directory, not a {what}: give the YAML file inside it")
         if not file.exists():
-            raise ConfigLoadError(f"no such config file: {shown_path}")
+            raise ConfigLoadError(f"no such {what}: {shown_path}")
         if not file.is_file():
             raise ConfigLoadError(f"{shown_path} is not a regular file (a device, a pipe...): give a YAML file")
         size = file.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ConfigLoadError(f"{shown_path} holds {size} bytes; a config file holds at most {MAX_FILE_BYTES} "
-                                  "(real ones hold kilobytes): check that this is the config")
+        if size > max_bytes:
+            raise ConfigLoadError(f"{shown_path} holds {size} bytes; a {what} holds at most {max_bytes} "
+                                  f"(real ones hold kilobytes): check that this is the {what}")
         text = file.read_text(encoding="utf-8")
     except ConfigLoadError:
         raise
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name; UnicodeDecodeError is one too
+    except UnicodeDecodeError as exc:
+        raise ConfigLoadError(f"{shown_path} is not UTF-8 text ({brief(exc)}): a {what} is YAML, in UTF-8") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         raise ConfigLoadError(f"cannot read {shown_path}: {brief(exc)}") from exc
     check_yaml(text, shown_path)
+    return text
+
+
+def read_saved_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping a saved config (``run_config.yaml``) holds, read with YAML's safe schema as Bridge's
+    ``read_run_config`` reads it (libyaml's parser where PyYAML has it: the same documents, faster), after the
+    checks of :func:`read_bounded_text` (at most :data:`MAX_SAVED_CONFIG_BYTES`)."""
+    shown_path = brief(os.fspath(path))
+    text = read_bounded_text(path, max_bytes=MAX_SAVED_CONFIG_BYTES, what="saved config")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(text, Loader=loader)  # a safe loader (C or Python)
+    except yaml.YAMLError as exc:
+        raise ConfigLoadError(f"{shown_path} is not valid YAML for Bridge's safe reader: {brief(exc)}") from exc
+    if not isinstance(data, dict):
+        raise ConfigLoadError(f"{shown_path} holds {'nothing' if data is None else 'a ' + type(data).__name__} at the "
+                              "top level, not the mapping of sections Bridge saves")
+    return data
+
+
+def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
+    """The mapping at the top of a YAML file; an error for a directory, an empty file, ``null`` or a scalar."""
+    shown_path = brief(os.fspath(path))
+    text = read_bounded_text(path)
     try:
         data = enum_tags.safe_load(text)
     except yaml.YAMLError as exc:
