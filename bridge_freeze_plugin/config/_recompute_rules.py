@@ -25,7 +25,7 @@ from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.config._values import Setting, as_yaml
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.prewrap._recompute_fix import FORMER_POLICY_ATTR, POLICIES, POLICY_ATTR
+from bridge_freeze_plugin.prewrap import FORMER_POLICY_ATTR, POLICIES, POLICY_ATTR
 from bridge_freeze_plugin.request import Part
 
 _ABSENT = object()
@@ -90,7 +90,7 @@ def policy_of(s: RunSettings) -> str:
 def policy_refusal(s: RunSettings, family: FamilySpec, full_keys: list[str]) -> str:
     """The build's refusal under ``full_recompute_policy='refuse'`` (``prewrap._recompute_fix.refuse``), in keys."""
     from bridge_freeze_plugin.config._rules import asked
-    from bridge_freeze_plugin.prewrap._recompute import affected_parts
+    from bridge_freeze_plugin.prewrap import affected_parts
 
     policy = next(p for p in s.run.recompute_policy if p.value == "refuse")
     freeze = " and ".join(f"{s.sources.flags_key}.freeze_{p}=true" for p in family.full_recompute_affects)

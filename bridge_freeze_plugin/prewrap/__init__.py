@@ -69,6 +69,7 @@ from bridge_freeze_plugin.prewrap._provider import (
     write_selection,
 )
 from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompute_adjustment, is_full
+from bridge_freeze_plugin.prewrap._recompute_fix import FORMER_POLICY_ATTR, POLICIES, POLICY_ATTR
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._running_stats import STATS_ATTR, stats_move, tracks_running_stats
 from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, recording
@@ -84,10 +85,13 @@ from bridge_freeze_plugin.prewrap._wrapping import CACHE_METHODS, keeps
 
 __all__ = [
     "CACHE_METHODS",
+    "FORMER_POLICY_ATTR",
     "INSTANTIATE",
     "MISSING",
     "PART_ATTR",
     "PLUGIN_CLASS_MARK",
+    "POLICIES",
+    "POLICY_ATTR",
     "RUN_CONFIG_READERS",
     "STATE",
     "STATS_ATTR",
