@@ -42,6 +42,7 @@ from bridge_freeze_plugin.cli._training_options import (
     add_pattern_options,
     add_training_options,
     check_lora_options,
+    check_rules,
     make_lora,
     part_learning_rates,
     refuse_nothing_to_train,
@@ -129,25 +130,6 @@ def _check_request(model: str, selection: FreezeSelection, lora_rank: int = 0) -
         raise CommandError(f"the demo cannot run {model!r} here: {reason}; families it runs: "
                            f"{', '.join(demo_families())}")
     refuse_nothing_to_train(selection, lora_rank, _family_parts(model))
-
-
-def _check_rules(model: str, selection: FreezeSelection, args: argparse.Namespace) -> None:
-    """The rules ``check-config`` applies, on the demo's run as a Bridge ``ConfigContainer`` would hold it (the
-    flags, the patterns, LoRA): a selection the build would refuse is refused here, naming the target or key,
-    before anything is built (a LoRA target reaching an HF tower's plain Linear or Conv3d ended as an unexpected
-    error of Bridge's LoRA)."""
-    from bridge_freeze_plugin.config import validate_bridge_config
-
-    fields: dict[str, Any] = {INFO[part].flag: getattr(selection, INFO[part].flag) for part in SELECTABLE_PARTS}
-    fields.update(train_patterns=list(selection.train_patterns), freeze_patterns=list(selection.freeze_patterns))
-    cfg: dict[str, Any] = {"model": fields}
-    if args.lora_rank:
-        peft: dict[str, Any] = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": args.lora_rank,
-                                "alpha": 2 * args.lora_rank}
-        if args.lora_target_modules:
-            peft["target_modules"] = list(args.lora_target_modules)
-        cfg["peft"] = peft
-    validate_bridge_config(cfg, family=model)
 
 
 def _workdir(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -264,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     _check_request(args.model, selection, args.lora_rank)
     rates = part_learning_rates(args, selection, _family_parts(args.model), default, args.model)
     check_lora_options(args)
-    _check_rules(args.model, selection, args)
+    check_rules(args.model, selection, args)
     workdir, temporary = _workdir(args)
     keep = args.keep or not temporary
     level = logging.getLogger().getEffectiveLevel()

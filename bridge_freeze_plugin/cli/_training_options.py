@@ -158,3 +158,22 @@ def _refuse_absent_parts(rates: dict[str, float], parts: tuple[Part, ...], model
             f"the learning rate would never apply. Its per-part learning rates: "
             f"{', '.join(INFO[p].lr_option for p in parts)}"
         )
+
+
+def check_rules(model: str, selection: FreezeSelection, args: argparse.Namespace) -> None:
+    """The rules ``check-config`` applies, on a command's run as a Bridge ``ConfigContainer`` would hold it (the
+    flags, the patterns, LoRA): a selection the build would refuse is refused here, naming the target or key,
+    before anything is built (a LoRA target reaching an HF tower's plain Linear or Conv3d ended as an unexpected
+    error of Bridge's LoRA)."""
+    from bridge_freeze_plugin.config import validate_bridge_config
+
+    fields: dict[str, Any] = {INFO[part].flag: getattr(selection, INFO[part].flag) for part in SELECTABLE_PARTS}
+    fields.update(train_patterns=list(selection.train_patterns), freeze_patterns=list(selection.freeze_patterns))
+    cfg: dict[str, Any] = {"model": fields}
+    if args.lora_rank:
+        peft: dict[str, Any] = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": args.lora_rank,
+                                "alpha": 2 * args.lora_rank}
+        if args.lora_target_modules:
+            peft["target_modules"] = list(args.lora_target_modules)
+        cfg["peft"] = peft
+    validate_bridge_config(cfg, family=model)
