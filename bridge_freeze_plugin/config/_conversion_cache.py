@@ -95,8 +95,8 @@ def find_cache(policy: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     fmt = pretrained.get("format") if isinstance(pretrained, Mapping) else None
     if fmt == "megatron_lm":
         return None
-    if fmt == "megatron_bridge":  # the path is the iteration folder holding run_config.yaml
-        folder = Path(str(pretrained.get("path")))
+    if fmt == "megatron_bridge":  # an iteration folder holding run_config.yaml, or a checkpoint root (its latest)
+        folder = _iteration_folder(Path(str(pretrained.get("path"))))
         return _read(ConversionCache(folder, folder / _RUN_CONFIG, _CHECKPOINT_KEY))
     name = policy.get("model_name")
     if not isinstance(name, str) or not name:
@@ -111,6 +111,26 @@ def find_cache(policy: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     reused = not bool(megatron_cfg.get("force_reconvert_from_hf", False))
     cache = ConversionCache(folder, folder / _ITERATION / _RUN_CONFIG, chosen_by, reused=reused)
     return _read(cache) if reused and (folder / _ITERATION).exists() else cache
+
+
+#: What Bridge writes at a checkpoint's root: the latest saved iteration.
+_LATEST = "latest_checkpointed_iteration.txt"
+
+
+def _iteration_folder(path: Path) -> Path:
+    """The iteration folder a Megatron-Bridge checkpoint path stands for, as NeMo-RL resolves it: the path itself
+    when it holds a run_config.yaml, else a root's latest iteration (its ``latest_checkpointed_iteration.txt``, or
+    the highest ``iter_*`` folder); the path unchanged when it is neither (the reading then says what is there)."""
+    if (path / _RUN_CONFIG).exists() or not path.is_dir():
+        return path
+    try:
+        latest = (path / _LATEST).read_text(encoding="utf-8").strip()[:32]
+    except (OSError, UnicodeDecodeError):
+        latest = ""
+    if latest.isdigit() and (path / f"iter_{int(latest):07d}").is_dir():
+        return path / f"iter_{int(latest):07d}"
+    iterations = sorted(p for p in path.glob("iter_*") if p.is_dir() and p.name[5:].isdigit())
+    return max(iterations, key=lambda p: int(p.name[5:])) if iterations else path
 
 
 #: Keys only the plugin writes into a provider's saved config (its fields; a flag is Bridge's on most classes).
@@ -194,8 +214,8 @@ def _unloadable(cache: ConversionCache) -> str:
     problem = (cache.problem or "").rstrip(".")
     if cache.chosen_by == _CHECKPOINT_KEY:
         return (f"{_CHECKPOINT_KEY} names {cache.folder}, and the saved provider NeMo-RL builds from cannot be read "
-                f"there: {problem}. Give the iteration folder of a Megatron-Bridge checkpoint (the one holding its "
-                f"{_RUN_CONFIG}; check-config reads no other)")
+                f"there: {problem}. Give a Megatron-Bridge checkpoint: its iteration folder (the one holding its "
+                f"{_RUN_CONFIG}) or its root (its latest iteration is read)")
     return (f"NeMo-RL reuses its conversion cache {cache.folder} (found via {cache.chosen_by}: {_ITERATION} exists "
             f"there, so it does not convert again), and the saved provider it builds from cannot be read: "
             f"{problem}. Delete {cache.folder} (the next run converts again) or set "

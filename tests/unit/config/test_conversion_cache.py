@@ -114,9 +114,28 @@ def test_a_named_checkpoint_without_its_run_config_is_refused_by_name(capsys, tm
     doc = _check(capsys, "++policy.pretrained_checkpoint.format=megatron_bridge",
                  f"++policy.pretrained_checkpoint.path={folder}")
     assert doc["error"] == (f"policy.pretrained_checkpoint.path names {folder}, and the saved provider NeMo-RL builds "
-                            f"from cannot be read there: there is no {folder / 'run_config.yaml'}. Give the iteration "
-                            "folder of a Megatron-Bridge checkpoint (the one holding its run_config.yaml; "
-                            "check-config reads no other)")
+                            f"from cannot be read there: there is no {folder / 'run_config.yaml'}. Give a "
+                            "Megatron-Bridge checkpoint: its iteration folder (the one holding its run_config.yaml) "
+                            "or its root (its latest iteration is read)")
+
+
+@pytest.mark.parametrize("latest_file", [True, False])
+def test_a_checkpoint_root_is_read_at_its_latest_iteration(capsys, tmp_path, latest_file):
+    """NeMo-RL resolves a Megatron-Bridge checkpoint root to its latest iter_* folder: so does check-config (a root
+    was refused as if it held no provider). The latest holds freeze_vision_model: true, an older one does not."""
+    root = tmp_path / "ckpt"
+    for iteration, flag in ((100, False), (2000, True)):
+        folder = root / f"iter_{iteration:07d}"
+        folder.mkdir(parents=True)
+        (folder / "run_config.yaml").write_text(yaml.safe_dump(
+            {"model": {"_target_": MOE_TARGET, "freeze_vision_model": flag}}))
+    if latest_file:
+        (root / "latest_checkpointed_iteration.txt").write_text("2000\n")
+    doc = _check(capsys, "++policy.pretrained_checkpoint.format=megatron_bridge",
+                 f"++policy.pretrained_checkpoint.path={root}", "--family", "qwen3_vl_moe")
+    assert doc["valid"], doc["error"]
+    setting = doc["settings"]["policy.megatron_cfg.freeze_vision_model"]
+    assert setting["value"] is True and str(root / "iter_0002000" / "run_config.yaml") in setting["source"]
 
 
 # ---- who saved a cached true: what the file tells, or that it does not ------------------------------------------
