@@ -52,11 +52,19 @@ from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.request import DEFAULT_STEPS, INFO, SELECTABLE_PARTS, FreezeSelection
 
 
+def _family_name(model: str) -> str:
+    """The registry family of the tiny configuration ``model`` (``qwen35_vl_moe`` -> ``qwen35_vl``), read from the
+    harness's index (no model code imported); ``model`` itself when the index does not know it."""
+    from bridge_freeze_harness.tiny import TINY_FAMILIES
+
+    return str(TINY_FAMILIES[model]) if model in TINY_FAMILIES else model
+
+
 def _family_parts(model: str) -> tuple[Any, ...] | None:
-    """The parts of the family ``model`` names (``None``: not a registered family)."""
+    """The parts of the family ``model`` is a configuration of (``None``: not a registered family)."""
     from bridge_freeze_plugin.registry import REGISTRY
 
-    family = REGISTRY.get_or_none(model)
+    family = REGISTRY.get_or_none(_family_name(model))
     return None if family is None else family.part_names()
 
 
@@ -246,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     _check_request(args.model, selection, args.lora_rank)
     rates = part_learning_rates(args, selection, _family_parts(args.model), default, args.model)
     check_lora_options(args)
-    check_rules(args.model, selection, args)
+    check_rules(_family_name(args.model), selection, args)
     workdir, temporary = _workdir(args)
     keep = args.keep or not temporary
     level = logging.getLogger().getEffectiveLevel()

@@ -17,6 +17,7 @@ MAX_FUNCTION_LINES = 60
 FOLDERS = [
     "bridge_freeze_plugin/request",
     "bridge_freeze_plugin/families",
+    "bridge_freeze_plugin/mixins",
     "bridge_freeze_plugin/optim",
     "bridge_freeze_plugin/planning",
     "bridge_freeze_plugin/cli",
