@@ -209,6 +209,17 @@ class FamilySpec:
                     return variant
         return self
 
+    def for_model(self, names: Iterable[str]) -> FamilySpec:
+        """The table a built model with these parameter names was made by, for a model with no provider to ask
+        (``apply_selection`` on a model built by hand): this family's own table when it covers every name, else the
+        first layout's that does, else the one that leaves the fewest unclassified (its error names them)."""
+        if not self.layouts:
+            return self
+        names = list(names)
+        tables = [self, *self._variants]
+        uncovered = [sum(1 for name in names if table.classify(name) is None) for table in tables]
+        return tables[uncovered.index(min(uncovered))]
+
     def _check_plain_linear(self) -> None:
         for prefix in self.plain_linear:
             part = self.classify(f"{prefix}.weight")

@@ -215,8 +215,11 @@ def apply_selection(
 ) -> FreezeReport:
     """Apply ``selection`` to ``model`` (one module or a list of chunks) by ``family``'s prefixes; the report.
 
-    The public form of :func:`freeze_chunks`, for a model built without a provider (or by hand).
+    The public form of :func:`freeze_chunks`, for a model built without a provider (or by hand). A family with a
+    layout per provider class is read by the table the model's own parameter names fit (there is no provider
+    class to ask): Nemotron Omni's top-level tree on Bridge 0.7.0, its LLaVA tree on 0.6.2.
     """
+    family = family.for_model(name for _, name, _ in named_parameters(as_chunks(model)))
     context = BuildContext(family, selection, provider_name, model_name, tuple(overridden_defaults))
     return freeze_chunks(model, context)[0]
 

@@ -117,3 +117,20 @@ def test_the_070_layout_on_a_plain_provide_and_its_report(classes):
 
 def test_the_new_hf_model_type_is_nemotron_omni():
     assert bfp.get_family(OMNI) is bfp.REGISTRY.for_hf_model_type("NemotronH_Super_Omni_Reasoning_V3")
+
+
+@pytest.mark.parametrize("flags", CASES)
+@pytest.mark.parametrize(("which", "prefix"), [("0.6.2", "llava_model."), ("0.7.0", "")])
+def test_apply_selection_reads_a_model_by_the_layout_its_names_fit(classes, which, prefix, flags):
+    """Issue 49: the public ``apply_selection(model, get_family("nemotron_omni"), ...)`` used the family's own
+    (LLaVA) table on 0.7.0's top-level model and raised UnclassifiedParameterError for every parameter; with no
+    provider to ask, the table is the one the model's names fit."""
+    provider = provider_of(classes, which)
+    with build_context(OMNI):
+        model = provider.provide()
+    names = {n for n, _ in model.named_parameters()}
+    assert all(n.startswith(tuple(f"{prefix}{m}." for m in MODULES.values())) for n in names)
+    report = bfp.apply_selection(model, bfp.get_family(OMNI), bfp.FreezeSelection(**flags))
+    expected = expected_trainable(names, prefix, flags)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == expected
+    assert report.trainable == sum(p.numel() for n, p in model.named_parameters() if n in expected)
