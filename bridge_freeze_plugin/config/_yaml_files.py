@@ -68,8 +68,38 @@ def read_saved_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+#: (real path, inode, size, mtime in ns) -> the plain mapping a file read to: a file read again unchanged (a run's
+#: defaults list names the same files over and over, check-config reads a NeMo-RL example's bases for each config)
+#: is not parsed again. A fresh config is made from it at each read, so no caller shares one.
+_READ: dict[tuple[str, int, int, int], Any] = {}
+_READ_MAX = 256
+
+
+def _stamp(path: str | os.PathLike[str]) -> tuple[str, int, int, int] | None:
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    return real, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
     """The mapping at the top of a YAML file; an error for a directory, an empty file, ``null`` or a scalar."""
+    stamp = _stamp(path)
+    if stamp is not None and stamp in _READ:
+        cfg = OmegaConf.create(_READ[stamp])
+        assert isinstance(cfg, DictConfig)
+        return cfg
+    cfg = _read_yaml_file(path)
+    if stamp is not None and stamp == _stamp(path):  # unchanged while it was read
+        if len(_READ) >= _READ_MAX:
+            _READ.pop(next(iter(_READ)))
+        _READ[stamp] = OmegaConf.to_container(cfg, resolve=False)
+    return cfg
+
+
+def _read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
     shown_path = brief(os.fspath(path))
     text = read_bounded_text(path)
     try:

@@ -134,3 +134,28 @@ def test_overrides_are_kept_as_parsed_in_order(sft):
         ("set", "strategy", "fsdp"), ("add", "model.path", "/x"), ("delete", "megatron_config.seed", None)]
     assert parse_override("++a.b=[1, 2]").value == [1, 2]
     assert parse_override("a=True").value is True  # Bridge's Python-style booleans
+
+
+def test_a_file_read_again_is_the_same_fresh_config_and_a_changed_file_is_read_anew(tmp_path):
+    """The reader keeps what an unchanged file read to (a defaults list names the same files over and over): each
+    read is a config of its own, and a file written since is read again."""
+    import os
+
+    from bridge_freeze_plugin.config._yaml_files import read_yaml_file
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("model:\n  freeze_vision_model: true\n  layers: [1, 2]\n  alias: ${model.layers}\n")
+    first = read_yaml_file(path)
+    first.model.layers.append(3)
+    first.model.freeze_vision_model = False
+    second = read_yaml_file(path)
+    assert second is not first
+    assert OmegaConf.to_container(second, resolve=True) == {
+        "model": {"freeze_vision_model": True, "layers": [1, 2], "alias": [1, 2]}}
+    stat = path.stat()
+    path.write_text("model:\n  freeze_vision_model: false\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same time stamp: the size still tells
+    assert OmegaConf.to_container(read_yaml_file(path)) == {"model": {"freeze_vision_model": False}}
+    path.write_text("model:\n  freeze_vision_model: falsy\n")  # same size, a later time stamp
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert OmegaConf.to_container(read_yaml_file(path)) == {"model": {"freeze_vision_model": "falsy"}}
