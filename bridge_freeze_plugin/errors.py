@@ -18,7 +18,8 @@ Each message names what was asked, on which model, and what to do instead. The h
     │   ├── FreezeFlagTypeError (TypeError)     a flag that is not a real bool
     │   ├── InvalidPatternError                 a train/freeze pattern that is not a valid regular expression
     │   ├── PartLearningRateError               a per-part learning rate that is invalid or would not apply
-    │   └── ConfigLoadError                     a config file, override or defaults list that cannot be read
+    │   ├── ConfigLoadError                     a config file, override or defaults list that cannot be read
+    │   └── SelectionChangedError               a resume with optimizer state from a checkpoint of another selection
     ├── TrainableSyncError (RuntimeError)       a trainable-only weight sync cannot limit this export safely
     ├── TrainingAuditError (RuntimeError)       strict audit: a trainable tensor got no gradient in the audited steps
     ├── FrozenPartTrainedError (RuntimeError)   at run time, a frozen tensor got a gradient or changed
@@ -181,6 +182,26 @@ class PlanError(BridgeFreezeError, ValueError):
 
 class ConfigLoadError(InvalidFreezeConfigError):
     """A config file, an override or a defaults list that cannot be read as written (never dropped silently)."""
+
+
+@dataclass(frozen=True)
+class SelectionChange:
+    """One setting of the selection that differs between a checkpoint's ``run_config.yaml`` and this run."""
+
+    key: str
+    saved: bool | tuple[str, ...]
+    run: bool | tuple[str, ...]
+
+
+class SelectionChangedError(InvalidFreezeConfigError):
+    """A run resumes, optimizer state included, from a checkpoint saved with another selection (other flags or
+    patterns): the optimizer state was built for the parameters that selection trained. Refused before the load, on
+    every rank. ``path`` is the checkpoint's ``run_config.yaml``; ``changes`` every setting that differs."""
+
+    def __init__(self, message: str, path: str = "", changes: Sequence[SelectionChange] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+        self.changes: tuple[SelectionChange, ...] = tuple(changes)
 
 
 class CommandError(BridgeFreezeError, ValueError):

@@ -40,6 +40,7 @@ from bridge_freeze_plugin.activation._class_patch import (
 from bridge_freeze_plugin.activation._module_hooks import (
     GET_MODEL,
     check_part_learning_rates,
+    check_resume_selection,
     guard_adapter_exports,
     record_run_configs,
     route_get_model,
@@ -68,6 +69,7 @@ from bridge_freeze_plugin.prewrap import (
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.request import FreezeSelection
+from bridge_freeze_plugin.stages import LOAD_FROM_PATH
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -99,6 +101,7 @@ def activate() -> None:
     POST_IMPORT.watch(SERIALISER[0], watch_saved_configs)  # run_config.yaml: unset plugin fields left out
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, check_part_learning_rates)
+    POST_IMPORT.watch(LOAD_FROM_PATH[0], check_resume_selection)  # a resume's selection against its checkpoint's
     on_training_build(arm)  # the run-time audit arms after each build for training
     POST_IMPORT.watch(FINALIZE[0], install_audit_seam)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)

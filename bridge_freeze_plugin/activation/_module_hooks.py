@@ -1,6 +1,7 @@
 """Bridge's module-level functions the plugin routes or checks, installed as their modules are imported: the
 adapter-only exports refused with full-rank parts, ``get_model`` through the plugin's hook chain, ``read_run_config``
-recorded (flag provenance), ``setup_optimizer`` checked for per-part learning rates. Each original is kept in
+recorded (flag provenance), ``setup_optimizer`` checked for per-part learning rates, ``_load_checkpoint_from_path``
+checked for a resume whose checkpoint was saved with another selection (``stages``). Each original is kept in
 :data:`~bridge_freeze_plugin.prewrap.STATE` ``.guarded`` for ``deactivate()``."""
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from types import ModuleType
 
 from bridge_freeze_plugin.export import AUTO_BRIDGE, GUARDS
 from bridge_freeze_plugin.optim import SETUP_OPTIMIZER, checked_setup_optimizer
-from bridge_freeze_plugin.prewrap import RUN_CONFIG_READERS, STATE, get_model_frozen, keeps, recording
+from bridge_freeze_plugin.prewrap import (
+    RUN_CONFIG_READERS,
+    STATE,
+    get_model_frozen,
+    keeps,
+    on_saved_read,
+    recording,
+)
+from bridge_freeze_plugin.stages import LOAD_FROM_PATH, check_saved_selection, checking_resume
 
 
 def guard_adapter_exports(module: ModuleType) -> None:
@@ -68,3 +77,15 @@ def check_part_learning_rates(module: ModuleType) -> None:
             return
         STATE.guarded.setdefault(module, {})[SETUP_OPTIMIZER] = original  # type: ignore[index]
         setattr(module, SETUP_OPTIMIZER, checked_setup_optimizer(original))
+
+
+def check_resume_selection(module: ModuleType) -> None:
+    """Bridge's ``_load_checkpoint_from_path`` refuses optimizer state saved with another selection (``stages``)."""
+    name = LOAD_FROM_PATH[1]
+    original = module.__dict__.get(name)
+    if not STATE.active or not callable(original) or hasattr(original, "__bridge_freeze_wrapped__"):
+        return
+    with STATE.lock:
+        STATE.guarded.setdefault(module, {})[name] = original  # type: ignore[index]
+        setattr(module, name, checking_resume(original))
+    on_saved_read(check_saved_selection)  # the check runs when the load reads its checkpoint's run_config.yaml

@@ -20,8 +20,9 @@ Named after Bridge's own seam (``register_pre_wrap_hook``); not ``build/``, whic
 - :mod:`._adapters`: what the plugin knows of Bridge's PEFT conventions;
 - :mod:`._collective`: an error on one rank is an error on every rank;
 - :mod:`._model_wide`: the model-wide report over tensor / pipeline / expert ranks (one ``all_reduce``);
-- :mod:`._saved` and :mod:`._origins`: the saved configs this process read, and where each flag's value came from
-  (this run's setting, the default, a saved config) for the report;
+- :mod:`._saved` and :mod:`._origins`: the saved configs this process read (and who listens to each read:
+  ``stages``' resume check), and where each flag's value came from (this run's setting, the default, a saved
+  config) for the report;
 - :mod:`._provider`: the questions asked of a provider (its family, its flags, Bridge's own defaults);
 - :mod:`._state`: the plugin's one mutable state (patch records, per-provider and per-chunk state);
 - :mod:`._counting` and :mod:`._report`: parameters counted per part, and the :class:`FreezeReport`;
@@ -55,7 +56,7 @@ from bridge_freeze_plugin.prewrap._pipeline import (
     provide_distributed_frozen,
     provide_frozen,
 )
-from bridge_freeze_plugin.prewrap._plain_linear import linear_adapters
+from bridge_freeze_plugin.prewrap._plain_linear import bridge_lora_wraps_plain_linear, linear_adapters
 from bridge_freeze_plugin.prewrap._provider import (
     PLUGIN_CLASS_MARK,
     bridge_class,
@@ -72,7 +73,7 @@ from bridge_freeze_plugin.prewrap._recompute import affected_parts, full_recompu
 from bridge_freeze_plugin.prewrap._recompute_fix import FORMER_POLICY_ATTR, POLICIES, POLICY_ATTR
 from bridge_freeze_plugin.prewrap._report import DefaultOverride, FreezeReport, log_report
 from bridge_freeze_plugin.prewrap._running_stats import STATS_ATTR, stats_move, tracks_running_stats
-from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, recording
+from bridge_freeze_plugin.prewrap._saved import RUN_CONFIG_READERS, forget_saved, on_saved_read, recording
 from bridge_freeze_plugin.prewrap._state import (
     MISSING,
     STATE,
@@ -113,6 +114,7 @@ __all__ = [
     "as_chunks",
     "base_name",
     "bridge_class",
+    "bridge_lora_wraps_plain_linear",
     "chunk_state",
     "declared_default",
     "expert_bias_moves",
@@ -134,6 +136,7 @@ __all__ = [
     "model_wide_checks_skipped",
     "model_wide_names",
     "named_parameters",
+    "on_saved_read",
     "on_training_build",
     "overridden_defaults",
     "ownership",

@@ -44,6 +44,15 @@ class SavedConfig:
 
 _SAVED: list[SavedConfig] = []
 _LOCK = threading.Lock()
+#: Called with (path, config) after each config Bridge's reader returns (``stages``: the resume's selection check).
+_READ_LISTENERS: list[Callable[[Any, Any], None]] = []
+
+
+def on_saved_read(listener: Callable[[Any, Any], None]) -> None:
+    """Call ``listener(path, config)`` after each saved run config Bridge's ``read_run_config`` returns (once)."""
+    with _LOCK:
+        if listener not in _READ_LISTENERS:
+            _READ_LISTENERS.append(listener)
 
 
 def record_saved(path: Any, config: Any) -> None:
@@ -72,6 +81,10 @@ def recording(read: Callable[..., Any]) -> Callable[..., Any]:
     def read_run_config(run_config_filename: Any, *args: Any, **kwargs: Any) -> Any:
         config = read(run_config_filename, *args, **kwargs)
         record_saved(run_config_filename, config)
+        with _LOCK:
+            listeners = list(_READ_LISTENERS)
+        for listener in listeners:  # a listener may refuse what was read (it raises)
+            listener(run_config_filename, config)
         return config
 
     return read_run_config
