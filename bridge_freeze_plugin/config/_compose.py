@@ -134,13 +134,13 @@ def compose(cfg: DictConfig, folder: Path, label: str, provenance: Provenance) -
     """``cfg`` with its ``defaults:`` list composed, and the files it pulled in (relative to ``folder``).
 
     A defaults list of YAML file paths (``defaults: parent.yaml``, or a list of ``.yaml`` paths) is NeMo-RL's
-    inheritance (:func:`compose_inheritance`); anything else is read as Hydra's defaults list.
+    inheritance (:func:`_compose_inheritance`); anything else is read as Hydra's defaults list.
     """
     if "defaults" not in cfg:
         provenance.record("", cfg, label)
         return cfg, ()
-    if is_inheritance(cfg._get_node("defaults")):
-        return compose_inheritance(cfg, folder / label, folder, label, provenance)
+    if _is_inheritance(cfg._get_node("defaults")):
+        return _compose_inheritance(cfg, folder / label, folder, label, provenance)
     entries = cfg.defaults
     if not isinstance(entries, ListConfig):
         raise ConfigLoadError(f"{label}: 'defaults' must be a list (a Hydra defaults list), got {entries!r}")
@@ -176,7 +176,7 @@ MAX_CHAIN = 32
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def is_inheritance(node: Any) -> bool:
+def _is_inheritance(node: Any) -> bool:
     """Whether a ``defaults`` value is NeMo-RL's inheritance: a YAML file path, or a list of them."""
     value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node._value() if hasattr(
         node, "_value") else node
@@ -203,7 +203,7 @@ def _merge_with_override(base: DictConfig, override: DictConfig) -> DictConfig:
     return merged
 
 
-def compose_inheritance(cfg: DictConfig, file: Path, root: Path, label: str, provenance: Provenance,
+def _compose_inheritance(cfg: DictConfig, file: Path, root: Path, label: str, provenance: Provenance,
                         chain: tuple[Path, ...] = ()) -> tuple[DictConfig, tuple[str, ...]]:
     """``cfg`` (read from ``file``) composed as NeMo-RL's ``load_config`` composes it; and the files it pulled in.
 
@@ -236,7 +236,7 @@ def compose_inheritance(cfg: DictConfig, file: Path, root: Path, label: str, pro
                                   "reads it relative to the folder of the file that names it)")
         content = read_yaml_file(parent)
         if "defaults" in content:
-            content, deeper = compose_inheritance(content, parent, root, shown, provenance, chain)
+            content, deeper = _compose_inheritance(content, parent, root, shown, provenance, chain)
             pulled += deeper
         else:
             provenance.record("", _written(content), f"{label} > {shown}")

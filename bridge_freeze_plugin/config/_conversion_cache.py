@@ -67,7 +67,7 @@ class ConversionCache:
         return bool(self.flags)
 
 
-def checkpoint_dir(env: Mapping[str, str]) -> tuple[Path, str]:
+def _checkpoint_dir(env: Mapping[str, str]) -> tuple[Path, str]:
     """NeMo-RL's ``get_megatron_checkpoint_dir``: the folder and which setting chose it."""
     chosen = env.get("NRL_MEGATRON_CHECKPOINT_DIR")
     if chosen is not None and chosen.strip():
@@ -105,7 +105,7 @@ def find_cache(policy: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     overrides = policy.get("hf_config_overrides") or {}
     if overrides:
         sub = f"{sub}__hfovr_{_overrides_hash(overrides)}"
-    base, chosen_by = checkpoint_dir(env)
+    base, chosen_by = _checkpoint_dir(env)
     folder = base / sub
     megatron_cfg = policy.get("megatron_cfg") or {}
     reused = not bool(megatron_cfg.get("force_reconvert_from_hf", False))

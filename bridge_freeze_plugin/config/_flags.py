@@ -16,7 +16,7 @@ from bridge_freeze_plugin.optim import LR_KEYS, looks_like_lr_key
 from bridge_freeze_plugin.request import ALIASES, FLAGS, PATTERN_KEYS, FreezeSelection
 
 #: How close (difflib ratio, lower-cased) a key must be to a flag to be reported as a misspelling.
-_MISSPELLING_CUTOFF = 0.8
+MISSPELLING_CUTOFF = 0.8
 
 
 def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None,
@@ -46,7 +46,7 @@ def _flag_problem(where: str, key: str, value: Any, known: frozenset[str] | None
         return (f"{where}.{key} must be a list of patterns (strings), got {as_yaml(value)!r}", False)
     if (any_own and key.startswith("freeze_")) or (known is not None and key in known):
         return None  # Bridge's or the trainer's own setting (read and said, never the plugin's)
-    close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=_MISSPELLING_CUTOFF)
+    close = difflib.get_close_matches(key.lower(), FLAGS, n=1, cutoff=MISSPELLING_CUTOFF)
     if close:
         return (f"{where}.{key} is not a freeze flag; did you mean {where}.{close[0]}? "
                 f"(the flags are {', '.join(FLAGS)})", False)
@@ -69,11 +69,11 @@ def read_selection(
     rejected with the closest flag. With ``known`` (a layout's other ``freeze_*`` settings), any other
     ``freeze_*`` key is rejected too. Other keys are ignored. A missing flag means ``false``.
     """
-    values = _checked_section(section, where, known)
-    return _selection({where: values}, {key: where for key in PLUGIN_KEYS})
+    values = checked_section(section, where, known)
+    return selection_from_sections({where: values}, {key: where for key in PLUGIN_KEYS})
 
 
-def _checked_section(section: Mapping[str, Any] | None, where: str, known: frozenset[str] | None,
+def checked_section(section: Mapping[str, Any] | None, where: str, known: frozenset[str] | None,
                      refused: Mapping[str, str] | None = None, any_own: bool = False) -> Mapping[str, Any]:
     """``section`` as plain Python, every key checked (:func:`_flag_problem`); raises for the first problems."""
     section = {} if section is None else plain(section, where)
@@ -87,7 +87,7 @@ def _checked_section(section: Mapping[str, Any] | None, where: str, known: froze
     return section
 
 
-def _selection(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str],
+def selection_from_sections(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str],
                saved: bool = False) -> FreezeSelection:
     """The selection from checked sections: each plugin key read from its home section (``homes``; an alias of a
     flag from its own home when ``homes`` names one, else its flag's).

@@ -14,7 +14,7 @@ from bridge_freeze_plugin.config._layout_records import (
     StrategyKeys,
     TrainerFacts,
 )
-from bridge_freeze_plugin.config._layouts import BRIDGE_FIELDS, Layout, Marker, OwnSetting, _router
+from bridge_freeze_plugin.config._layouts import BRIDGE_FIELDS, Layout, Marker, OwnSetting, router_keys
 
 # ---- NeMo-RL (read from NVIDIA-NeMo/RL: nemo_rl/models/megatron/setup.py, nemo_rl/models/policy/__init__.py) -----
 
@@ -43,7 +43,7 @@ def _nemo_rl_own(megatron_cfg: str) -> dict[str, Mapping[str, OwnSetting] | OwnS
     # (NeMo-RL passes freeze_sound_encoder / freeze_sound_projection from megatron_cfg to the provider: Bridge's
     # names of the audio flags, read as those flags.)
     return {
-        megatron_cfg: {"freeze_moe_router": _router("NeMo-RL"), "freeze_config": _NEMO_RL_FREEZE_CONFIG},
+        megatron_cfg: {"freeze_moe_router": router_keys("NeMo-RL"), "freeze_config": _NEMO_RL_FREEZE_CONFIG},
         f"{megatron_cfg}.model_overrides": dict(BRIDGE_FIELDS),
         # any key: NeMo-RL passes freeze_config to the model's freeze() as keyword arguments
         f"{megatron_cfg}.freeze_config": _NEMO_RL_FREEZE_CONFIG,

@@ -4,7 +4,7 @@ defaults, its older Hydra YAML layout), as data (:class:`~bridge_freeze_plugin.c
 from __future__ import annotations
 
 from bridge_freeze_plugin.config._layout_records import Homes, LoraKeys, ModelKeys, Peer, StrategyKeys, TrainerFacts
-from bridge_freeze_plugin.config._layouts import Layout, Marker, _bridge_field_elsewhere, _router
+from bridge_freeze_plugin.config._layouts import Layout, Marker, bridge_field_elsewhere, router_keys
 
 #: The trainer's LoRA targets as its Megatron worker hands them to Bridge's LoRA (SkyRL 0.4.0's
 #: ``MegatronWorker.configure_lora``): ``"all-linear"`` (its default) becomes these leaf names, matched in every
@@ -30,8 +30,8 @@ SFT = Layout(
     trainer="the trainer",
     homes=Homes(
         flags="megatron_config",
-        own={"megatron_config": {"freeze_moe_router": _router("the trainer")}},
-        refused={"megatron_config": _bridge_field_elsewhere("the trainer")},
+        own={"megatron_config": {"freeze_moe_router": router_keys("the trainer")}},
+        refused={"megatron_config": bridge_field_elsewhere("the trainer")},
     ),
     model=ModelKeys(path="model.path", language_model_only="model.language_model_only"),
     lora=LoraKeys(section="model.lora", rank="rank", type="megatron_config.lora_config.lora_type", **_LORA_NAMES),
@@ -58,9 +58,9 @@ RL = Layout(
     homes=Homes(
         flags="trainer.policy.megatron_config",
         reference_flags="trainer.ref.megatron_config",
-        own={"trainer.policy.megatron_config": {"freeze_moe_router": _router("the trainer")},
-             "trainer.ref.megatron_config": {"freeze_moe_router": _router("the trainer")}},
-        refused={"trainer.policy.megatron_config": _bridge_field_elsewhere("the trainer")},
+        own={"trainer.policy.megatron_config": {"freeze_moe_router": router_keys("the trainer")},
+             "trainer.ref.megatron_config": {"freeze_moe_router": router_keys("the trainer")}},
+        refused={"trainer.policy.megatron_config": bridge_field_elsewhere("the trainer")},
     ),
     model=ModelKeys(
         path="trainer.policy.model.path",

@@ -96,7 +96,7 @@ class Layout:
 _ROUTER = "the MoE routers (a pre-wrap hook freezes mlp.router.weight of every MoE layer of the language model)"
 
 
-def _router(by: str) -> OwnSetting:
+def router_keys(by: str) -> OwnSetting:
     return OwnSetting(_ROUTER, by, narrows=Part.LANGUAGE_MODEL)
 
 
@@ -110,7 +110,7 @@ BRIDGE_FIELDS: Mapping[str, OwnSetting] = {
 }
 
 
-def _bridge_field_elsewhere(trainer: str) -> dict[str, str]:
+def bridge_field_elsewhere(trainer: str) -> dict[str, str]:
     """Bridge's own provider fields written in a trainer's section: refused with what they are (never "a
     misspelling of freeze_vision_model", whose advice would freeze the wrong part)."""
     return {key: (f"is Bridge's own provider field ({setting.what}), not a setting the plugin knows {trainer} to "

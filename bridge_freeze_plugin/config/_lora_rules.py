@@ -22,13 +22,13 @@ logger = logging.getLogger("bridge_freeze_plugin")
 _REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
 
 
-def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
+def _lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
     """``(parts it may reach, parts it certainly reaches)`` for a LoRA target, as Bridge matches targets;
     ``None`` when the config cannot tell (regex characters, or a leaf name on a family with no leaf table).
 
     Bridge (``ModuleMatcher.match``) puts an adapter on a module whose own name equals the target, or whose full
     name matches it with ``*`` standing for any text. A name without ``.`` or ``*`` is a leaf name: it
-    reaches the parts whose linear modules have that name (the family's ``linear_leaves``, :func:`leaf_parts`).
+    reaches the parts whose linear modules have that name (the family's ``linear_leaves``, :func:`_leaf_parts`).
     Otherwise the names it matches start with its literal head (the text before the first ``*``): they may lie in
     the part of the longest family prefix the head lies under, and in every part with a prefix that begins with the
     head (``None``: names under no prefix). It certainly reaches a part when that is the only part it may reach, or
@@ -38,7 +38,7 @@ def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part |
     if _REGEX_CHARACTERS & set(target):
         return None
     if "." not in target and "*" not in target:
-        return leaf_parts(target, family)
+        return _leaf_parts(target, family)
     if "*" not in target:
         part = family.classify(target)
         return frozenset({part}), frozenset({part} - {None})
@@ -53,7 +53,7 @@ def lora_target_parts(target: str, family: FamilySpec) -> tuple[frozenset[Part |
     return may, frozenset(certain)
 
 
-def leaf_parts(leaf: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
+def _leaf_parts(leaf: str, family: FamilySpec) -> tuple[frozenset[Part | None], frozenset[Part]] | None:
     """The parts whose linear modules have the leaf name ``leaf`` (``None`` in the first set: modules in no part),
     reached for certain: Bridge matches a leaf name against every module's own name. ``None``: the family has no
     leaf table."""
@@ -70,7 +70,7 @@ def _lora_section(s: RunSettings) -> str:
 def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None) -> list[str]:
     """A LoRA target that certainly reaches modules of a part trained at full rank: an overlap the build refuses.
 
-    Refused only when certain (:func:`lora_target_parts`, and no freeze pattern could make those tensors
+    Refused only when certain (:func:`_lora_target_parts`, and no freeze pattern could make those tensors
     frozen), so the config does not refuse what the build accepts. A target that may also reach a full-rank part
     (``vision_model.*linear_qkv`` next to a full-rank ``vision_model.merger``), a leaf name (Bridge's defaults), or
     a run with freeze patterns is checked against the built model: the build raises ``LoraOverlapError`` before
@@ -96,7 +96,7 @@ def lora_targets_avoid_full_rank_parts(s: RunSettings, family: FamilySpec | None
         return []
     found, maybe = [], []
     for target in ([targets] if isinstance(targets, str) else list(targets)):
-        reach = lora_target_parts(str(target), family)
+        reach = _lora_target_parts(str(target), family)
         if reach is None or not reach[0] & full_rank:
             continue
         hit = sorted(p.value for p in reach[1] & full_rank)
@@ -228,7 +228,7 @@ def lora_adapter_parts(lora: LoraSettings, family: FamilySpec | None) -> dict[st
         return dict.fromkeys(parts, "may")
     found: dict[str, str] = dict.fromkeys(parts, "no")
     for target in [targets] if isinstance(targets, str) else list(targets):
-        reach = lora_target_parts(str(target), family)
+        reach = _lora_target_parts(str(target), family)
         if reach is None:
             return dict.fromkeys(parts, "may")
         for part in reach[0] - {None}:

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from bridge_freeze_plugin.config._flags import _MISSPELLING_CUTOFF
+from bridge_freeze_plugin.config._flags import MISSPELLING_CUTOFF
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS, plugin_sections
 from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._run_settings import OwnFreeze
@@ -29,7 +29,7 @@ def _plugin_key(key: str) -> str | None:
     if looks_like_lr_key(key):
         return "lr"
     if key in FLAGS or key in PATTERN_KEYS or difflib.get_close_matches(key.lower(), FLAGS, n=1,
-                                                                         cutoff=_MISSPELLING_CUTOFF):
+                                                                         cutoff=MISSPELLING_CUTOFF):
         return "flag"
     return None
 
@@ -154,7 +154,7 @@ def _quiet_raw(cfg: Any, key: str) -> Any:
     return value if not isinstance(value, Mapping | list) else brief(value)
 
 
-def _own_freeze(cfg: Any, layout: Layout, source: Source) -> tuple[OwnFreeze, ...]:
+def read_own_freeze(cfg: Any, layout: Layout, source: Source) -> tuple[OwnFreeze, ...]:
     """Bridge's and the trainer's own ``freeze_*`` settings of the policy the config writes (not the references')."""
     keys, _ = _all_keys(cfg)
     out = []

@@ -13,10 +13,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bridge_freeze_plugin.config._flags import _checked_section, _selection, read_selection
+from bridge_freeze_plugin.config._flags import checked_section, read_selection, selection_from_sections
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS
 from bridge_freeze_plugin.config._layouts import Layout, resolvers
-from bridge_freeze_plugin.config._misplaced import _own_freeze, misplaced_keys, unread_freeze_keys
+from bridge_freeze_plugin.config._misplaced import misplaced_keys, read_own_freeze, unread_freeze_keys
 from bridge_freeze_plugin.config._recompute_rules import read_policy, read_provider_recompute
 from bridge_freeze_plugin.config._run_settings import (
     LoraRead,
@@ -26,15 +26,15 @@ from bridge_freeze_plugin.config._run_settings import (
     SelectionSources,
 )
 from bridge_freeze_plugin.config._setting_readers import (
-    _bool_setting,
-    _learning_rate_section,
-    _lora,
-    _peers,
-    _recompute,
-    _strategy,
-    _switches_shown,
-    _syncs_weights,
-    _vlm_lora,
+    bool_setting,
+    learning_rate_section,
+    read_lora,
+    read_peers,
+    read_recompute,
+    read_strategy,
+    read_syncs_weights,
+    read_vlm_lora,
+    switches_shown,
 )
 from bridge_freeze_plugin.config._values import IN_CONFIG, Setting, Source, join_problems, section, select
 from bridge_freeze_plugin.config._yaml_overrides import brief
@@ -86,14 +86,14 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
         raise InvalidFreezeConfigError(join_problems(misplaced))
     homes, sections, selection, reference = _selections(cfg, layout)
     malformed: list[str] = []
-    strategy, strategy_note = _strategy(cfg, layout, source)
-    lmo = _bool_setting(cfg, layout.model.language_model_only, source, malformed)
-    lora, rank = _lora(cfg, layout, source, malformed)
+    strategy, strategy_note = read_strategy(cfg, layout, source)
+    lmo = bool_setting(cfg, layout.model.language_model_only, source, malformed)
+    lora, rank = read_lora(cfg, layout, source, malformed)
     target = select(cfg, layout.model.provider_target) if layout.model.provider_target else None
     lora_class = select(cfg, f"{layout.lora.section}._target_") if lora.enabled else None
     # Per-part learning rates (lr_<part>, min_lr_<part>): next to the flags, or (Bridge) on the optimizer
     # override provider; checked as they are read.
-    learning_rates = read_part_learning_rates(_learning_rate_section(cfg, layout, sections[layout.homes.flags]),
+    learning_rates = read_part_learning_rates(learning_rate_section(cfg, layout, sections[layout.homes.flags]),
                                               where=layout.lr_section, frozen=selection.untrained_parts(),
                                               lora=lora.enabled, flags_where=layout.homes.flags,
                                               parts=None if family is None else family.part_names(),
@@ -105,14 +105,14 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
         run=RunSwitches(
             strategy=strategy,
             language_model_only=lmo,
-            recompute=_recompute(cfg, layout.strategy, source),
-            peers=_peers(cfg, layout.model, source),
+            recompute=read_recompute(cfg, layout.strategy, source),
+            peers=read_peers(cfg, layout.model, source),
             strategy_fix=layout.strategy.key_fix(),
             strategy_note=strategy_note,
             strategy_unset=(f"none of {' / '.join(k for k, _ in layout.strategy.switches)} is true (no backend)"
                             if layout.strategy.switches else None),
-            strategy_shown=_switches_shown(cfg, layout.strategy, source),
-            syncs_weights=_syncs_weights(cfg, layout.run),
+            strategy_shown=switches_shown(cfg, layout.strategy, source),
+            syncs_weights=read_syncs_weights(cfg, layout.run),
             weight_sync_note=layout.run.weight_sync_note,
             recompute_policy=read_policy(cfg, layout, source),
             provider_recompute=read_provider_recompute(cfg, layout, source),
@@ -120,7 +120,7 @@ def _read(cfg: Any, layout: Layout, source: Source, family: FamilySpec | None = 
         lora=lora,
         lora_read=LoraRead(rank=rank, enable=layout.lora.enable(),
                            lora_class=None if lora_class is None else str(lora_class),
-                           vlm_lora=_vlm_lora(cfg, layout.lora, lora, source)),
+                           vlm_lora=read_vlm_lora(cfg, layout.lora, lora, source)),
         rates=RateSettings(values=learning_rates, key=layout.lr_section),
         provider_target=None if target is None else Setting(str(target), layout.model.provider_target,
                                                              source(str(layout.model.provider_target))),
@@ -143,7 +143,7 @@ def _sources(cfg: Any, layout: Layout, source: Source, homes: Mapping[str, str],
         foreign_alias=layout.homes.foreign_alias,
         reference=reference,
         reference_key=layout.homes.reference_flags,
-        own_freeze=_own_freeze(cfg, layout, source),
+        own_freeze=read_own_freeze(cfg, layout, source),
         unread_freeze_keys=tuple(unread_freeze_keys(cfg, layout)),
         malformed=tuple(malformed),
     )
@@ -156,9 +156,9 @@ def _selections(cfg: Any, layout: Layout) -> tuple[dict[str, str], dict[str, Map
     sections = {}
     for home in layout.homes.plugin_homes:
         known = layout.homes.own_keys(home)
-        sections[home] = _checked_section(section(cfg, home), home, known or frozenset(),
+        sections[home] = checked_section(section(cfg, home), home, known or frozenset(),
                                           layout.homes.refused_here(home), any_own=known is None)
-    selection = _selection(sections, {**homes, **{a: layout.homes.alias_home(a) for a in ALIASES}},
+    selection = selection_from_sections(sections, {**homes, **{a: layout.homes.alias_home(a) for a in ALIASES}},
                            saved=layout.homes.saves_every_field)
     reference = None
     if layout.homes.reference_flags is not None:

@@ -26,7 +26,7 @@ def normalise_strategy(value: Any) -> str | None:
     return None if value is None else str(value).strip().lower()
 
 
-def flag_list(selection: FreezeSelection, where: str | Callable[[str], str]) -> str:
+def _flag_list(selection: FreezeSelection, where: str | Callable[[str], str]) -> str:
     """The flags set and the patterns given, as written in the config (``where``: their section, or a function
     from a flag or pattern key to its dotted key)."""
     return asked_text(selection, where if callable(where) else (lambda name: f"{where}.{name}"), true="true")
@@ -34,7 +34,7 @@ def flag_list(selection: FreezeSelection, where: str | Callable[[str], str]) -> 
 
 def asked(s: RunSettings) -> str:
     """The policy's flags set and patterns given, each at its own key."""
-    return flag_list(s.selection, s.key_of)
+    return _flag_list(s.selection, s.key_of)
 
 
 def reference_model_never_trains(s: RunSettings) -> list[str]:
@@ -42,7 +42,7 @@ def reference_model_never_trains(s: RunSettings) -> list[str]:
     if s.sources.reference is None or not s.sources.reference.any_set:
         return []
     return [
-        f"{flag_list(s.sources.reference, str(s.sources.reference_key))}: the reference model never trains, so a "
+        f"{_flag_list(s.sources.reference, str(s.sources.reference_key))}: the reference model never trains, so a "
         "freeze flag "
         f"there has no meaning. Remove it from {s.sources.reference_key}; to choose what the policy trains, "
         f"set the flag under {s.sources.flags_key} instead."

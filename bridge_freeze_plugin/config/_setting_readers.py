@@ -20,14 +20,14 @@ from bridge_freeze_plugin.errors import FreezeFlagTypeError, PartLearningRateErr
 from bridge_freeze_plugin.optim import looks_like_lr_key
 
 
-def _bool_setting(cfg: Any, key: str | None, source: Source, malformed: list[str]) -> Setting:
+def bool_setting(cfg: Any, key: str | None, source: Source, malformed: list[str]) -> Setting:
     value = None if key is None else select(cfg, key)
     if value is not None and not isinstance(value, bool):
         malformed.append(f"{key} must be a boolean (true or false), got {as_yaml(value)!r}")
     return Setting(bool(value), key, source(key) if key else IN_CONFIG)
 
 
-def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tuple[LoraSettings, Setting]:
+def read_lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tuple[LoraSettings, Setting]:
     key = f"{layout.lora.section}.{layout.lora.rank}"
     present = select(cfg, layout.lora.section) is not None
     lora = section(cfg, layout.lora.section)
@@ -61,7 +61,7 @@ def _lora(cfg: Any, layout: Layout, source: Source, malformed: list[str]) -> tup
     return settings, Setting(rank, key, source(key))
 
 
-def _vlm_lora(cfg: Any, keys: LoraKeys, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
+def read_vlm_lora(cfg: Any, keys: LoraKeys, lora: LoraSettings, source: Source) -> Mapping[str, Setting] | None:
     """Bridge's ``VLMLoRA`` switches (``peft.freeze_*``, true when not written: its defaults), if that is the class."""
     if not lora.enabled or select(cfg, f"{keys.section}._target_") not in keys.vlm_targets:
         return None
@@ -77,7 +77,7 @@ def _vlm_lora(cfg: Any, keys: LoraKeys, lora: LoraSettings, source: Source) -> M
     return out
 
 
-def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | None]:
+def read_strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | None]:
     """The strategy setting and, when the flags cannot apply under it, why (from the layout's notes)."""
     if layout.strategy.switches:  # NeMo-RL: the backend whose `enabled` switch is true
         on = [(key, name) for key, name in layout.strategy.switches if select(cfg, key) is True]
@@ -90,7 +90,7 @@ def _strategy(cfg: Any, layout: Layout, source: Source) -> tuple[Setting, str | 
     return Setting(value, layout.strategy.key, where), layout.strategy.notes.get(value) if value is not None else None
 
 
-def _switches_shown(cfg: Any, keys: StrategyKeys, source: Source) -> str | None:
+def switches_shown(cfg: Any, keys: StrategyKeys, source: Source) -> str | None:
     """The backend switches that are on, as written (``policy.dtensor_cfg.enabled=true (sft.yaml)``)."""
     if not keys.switches:
         return None
@@ -99,7 +99,7 @@ def _switches_shown(cfg: Any, keys: StrategyKeys, source: Source) -> str | None:
     return " and ".join(on) or None
 
 
-def _recompute(cfg: Any, keys: StrategyKeys, source: Source) -> tuple[Setting, ...]:
+def read_recompute(cfg: Any, keys: StrategyKeys, source: Source) -> tuple[Setting, ...]:
     out = []
     for key in keys.recompute:
         value = select(cfg, key)
@@ -112,7 +112,7 @@ def _recompute(cfg: Any, keys: StrategyKeys, source: Source) -> tuple[Setting, .
     return tuple(out)
 
 
-def _peers(cfg: Any, keys: ModelKeys, source: Source) -> tuple[tuple[str, Setting], ...]:
+def read_peers(cfg: Any, keys: ModelKeys, source: Source) -> tuple[tuple[str, Setting], ...]:
     """The other components' language_model_only, for those the config writes and that are used."""
     out = []
     for peer in keys.peers:
@@ -123,7 +123,7 @@ def _peers(cfg: Any, keys: ModelKeys, source: Source) -> tuple[tuple[str, Settin
     return tuple(out)
 
 
-def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -> Mapping[str, Any]:
+def learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -> Mapping[str, Any]:
     """The mapping the layout's runs read per-part learning rates from (an applied one only)."""
     if layout.rates.refused is not None:
         return {}  # any LR key was refused while walking the config
@@ -145,7 +145,7 @@ def _learning_rate_section(cfg: Any, layout: Layout, flags: Mapping[str, Any]) -
     return {}
 
 
-def _syncs_weights(cfg: Any, facts: TrainerFacts) -> bool:
+def read_syncs_weights(cfg: Any, facts: TrainerFacts) -> bool:
     if facts.syncs_weights:
         return True
     return any(_has(cfg, key) for key in facts.syncs_weights_with)

@@ -64,7 +64,7 @@ def _unknown(fields: SkyRLFields, layout: Layout, where: str, key: str, cls: str
     return f"{said}; {hint}"
 
 
-def refused_keys(cfg: Any, fields: SkyRLFields, layout: Layout) -> list[str]:
+def _refused_keys(cfg: Any, fields: SkyRLFields, layout: Layout) -> list[str]:
     """Every key of ``cfg`` that SkyRL's loader refuses (no field of its section's class), with what to write."""
     assert layout.run.skyrl is not None
     top = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
@@ -82,7 +82,7 @@ def refused_keys(cfg: Any, fields: SkyRLFields, layout: Layout) -> list[str]:
     return sorted(problems)
 
 
-def refused_overrides(overrides: Iterable[Override], fields: SkyRLFields, layout: Layout) -> list[str]:
+def _refused_overrides(overrides: Iterable[Override], fields: SkyRLFields, layout: Layout) -> list[str]:
     """The overrides SkyRL's loader refuses for their prefix (``+``, ``++``, ``~``): it reads ``key=value`` only."""
     assert layout.run.skyrl is not None
     root = fields.name(fields.roots[layout.run.skyrl])
@@ -132,7 +132,7 @@ def adapt(cfg: Any, layout: Layout, overrides: Iterable[Override] = (), fields: 
     fields = fields or current()
     if fields is None:
         return plain, None
-    problems = refused_overrides(overrides, fields, layout)
+    problems = _refused_overrides(overrides, fields, layout)
     if problems:
         raise ConfigLoadError(_joined(problems))
     judged, rewrites = cfg, None
@@ -140,7 +140,7 @@ def adapt(cfg: Any, layout: Layout, overrides: Iterable[Override] = (), fields: 
         from bridge_freeze_plugin.config._skyrl_loader import apply_rewrites
 
         judged, rewrites = apply_rewrites(cfg, [o.text for o in overrides], skyrl, fields)
-    problems = refused_keys(judged, fields, layout)
+    problems = _refused_keys(judged, fields, layout)
     if problems:
         raise InvalidFreezeConfigError(_joined(problems))
     checked = "; ".join(filter(None, [f"checked against {fields.source}", rewrites, _values(judged, skyrl, fields)]))

@@ -120,7 +120,7 @@ def _cls_id(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def listing_from_classes(roots: Mapping[str, type], version: str, source: str) -> SkyRLFields:
+def _listing_from_classes(roots: Mapping[str, type], version: str, source: str) -> SkyRLFields:
     """The listing of ``roots`` (layout name -> root dataclass) and every section class below them."""
     classes: dict[str, dict[str, str | None]] = {}
     enums: dict[str, tuple[Any, ...]] = {}
@@ -154,11 +154,11 @@ def from_installed() -> tuple[SkyRLFields | None, str]:
         release = version("skyrl")
     except Exception as exc:  # noqa: BLE001 - any failure to import it: not importable here, said in the source
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-    listing = listing_from_classes(roots, release, f"the installed skyrl {release}'s config classes")
+    listing = _listing_from_classes(roots, release, f"the installed skyrl {release}'s config classes")
     return dataclasses.replace(listing, installed=True), ""
 
 
-def from_listing(path: str | os.PathLike[str], source: str | None = None) -> SkyRLFields:
+def _from_listing(path: str | os.PathLike[str], source: str | None = None) -> SkyRLFields:
     """A listing file written by ``scripts/gen_skyrl_fields.py``."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -178,7 +178,7 @@ def _installed_or_committed() -> SkyRLFields:
     installed, why = from_installed()
     if installed is not None:
         return installed
-    listing = from_listing(COMMITTED)
+    listing = _from_listing(COMMITTED)
     return dataclasses.replace(listing, source=(
         f"the plugin's listing of skyrl {listing.version}'s config classes (bridge_freeze_plugin/config/"
         f"{COMMITTED.name}; skyrl is not importable here: {why})"))
@@ -190,7 +190,7 @@ def current() -> SkyRLFields | None:
     if named.lower() == "none":
         return None
     if named:
-        return from_listing(named, f"the listing {named} named by {ENV}")
+        return _from_listing(named, f"the listing {named} named by {ENV}")
     return _installed_or_committed()
 
 

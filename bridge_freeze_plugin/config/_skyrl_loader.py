@@ -4,7 +4,7 @@ SkyRL 0.4.0's ``from_cli_overrides`` rewrites the command line before its key ch
 keys (``trainer.use_sample_packing``, ``generator.inference_engine.async_engine=true``...) and refuses some values
 (``num_epochs`` with ``num_steps``, ``async_engine=false``). Its dataclasses then refuse values when they are built
 (``__post_init__``: ``fake_int4_qat.enabled`` without LoRA...), and its SFT entry point runs ``validate_sft_cfg``.
-Nothing of that is copied here: :func:`rewritten` runs SkyRL's own ``from_cli_overrides`` on the overrides, stopped
+Nothing of that is copied here: :func:`_rewritten` runs SkyRL's own ``from_cli_overrides`` on the overrides, stopped
 just before it builds the dataclasses (a subclass whose ``from_dict_config`` hands back what it was given), and
 :func:`construct` builds SkyRL's root class from the config and runs SkyRL's own SFT validation. SkyRL's RL checks
 of ``validate_cfg`` live in a module that imports Ray at its top (``skyrl.train.utils.utils``): not run, and said.
@@ -72,7 +72,7 @@ def _hand_back(cls: type, cfg: DictConfig) -> Any:
     raise _Handed(cfg)
 
 
-def rewritten(args: list[str], layout: str, fields: SkyRLFields) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _rewritten(args: list[str], layout: str, fields: SkyRLFields) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(the overrides as written, as SkyRL's loader leaves them) for the command line ``args``; ``None`` when this
     SkyRL's loader builds its classes without handing its overrides to ``from_dict_config``. Raises what its loader
     refuses on values, as :class:`InvalidFreezeConfigError`."""
@@ -91,7 +91,7 @@ def rewritten(args: list[str], layout: str, fields: SkyRLFields) -> tuple[dict[s
     return None
 
 
-def changes(before: Mapping[str, Any], after: Mapping[str, Any], where: str = "") -> tuple[list[str], dict[str, Any]]:
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any], where: str = "") -> tuple[list[str], dict[str, Any]]:
     """(dotted keys ``after`` no longer has, dotted key -> value ``after`` sets differently or newly)."""
     removed: list[str] = []
     set_: dict[str, Any] = {}
@@ -100,7 +100,7 @@ def changes(before: Mapping[str, Any], after: Mapping[str, Any], where: str = ""
         if key not in after:
             removed.append(dotted)
         elif isinstance(value, Mapping) and isinstance(after[key], Mapping):
-            more_removed, more_set = changes(value, after[key], dotted)
+            more_removed, more_set = _changes(value, after[key], dotted)
             removed += more_removed
             set_.update(more_set)
         elif after[key] != value:
@@ -113,10 +113,10 @@ def changes(before: Mapping[str, Any], after: Mapping[str, Any], where: str = ""
 
 def apply_rewrites(cfg: Any, args: list[str], layout: str, fields: SkyRLFields) -> tuple[Any, str | None]:
     """``cfg`` with SkyRL's own rewrites of the command line applied (a copy), and what they were, in words."""
-    found = rewritten(args, layout, fields)
+    found = _rewritten(args, layout, fields)
     if found is None:
         return cfg, None
-    removed, set_ = changes(*found)
+    removed, set_ = _changes(*found)
     if not removed and not set_:
         return cfg, None
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)) if OmegaConf.is_config(cfg) else (

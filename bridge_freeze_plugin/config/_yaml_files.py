@@ -23,7 +23,7 @@ from bridge_freeze_plugin.errors import ConfigLoadError
 MAX_SAVED_CONFIG_BYTES = 1024 * 1024
 
 
-def read_bounded_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES,
+def _read_bounded_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES,
                       what: str = "config file") -> str:
     """The UTF-8 text of a regular file of at most ``max_bytes``, its YAML nesting and aliases checked
     (:func:`check_yaml`); every failure is one :class:`ConfigLoadError` line naming the file."""
@@ -54,9 +54,9 @@ def read_bounded_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE
 def read_saved_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The mapping a saved config (``run_config.yaml``) holds, read with YAML's safe schema as Bridge's
     ``read_run_config`` reads it (libyaml's parser where PyYAML has it: the same documents, faster), after the
-    checks of :func:`read_bounded_text` (at most :data:`MAX_SAVED_CONFIG_BYTES`)."""
+    checks of :func:`_read_bounded_text` (at most :data:`MAX_SAVED_CONFIG_BYTES`)."""
     shown_path = brief(os.fspath(path))
-    text = read_bounded_text(path, max_bytes=MAX_SAVED_CONFIG_BYTES, what="saved config")
+    text = _read_bounded_text(path, max_bytes=MAX_SAVED_CONFIG_BYTES, what="saved config")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load(text, Loader=loader)  # a safe loader (C or Python)
@@ -101,7 +101,7 @@ def read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
 
 def _read_yaml_file(path: str | os.PathLike[str]) -> DictConfig:
     shown_path = brief(os.fspath(path))
-    text = read_bounded_text(path)
+    text = _read_bounded_text(path)
     try:
         data = enum_tags.safe_load(text)
     except yaml.YAMLError as exc:

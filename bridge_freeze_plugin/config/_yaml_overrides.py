@@ -315,7 +315,7 @@ def _nested(key: str, value: Any) -> DictConfig:
     return created
 
 
-def apply_overrides(
+def _apply_overrides(
     cfg: DictConfig, overrides: Iterable[str], provenance: Provenance
 ) -> tuple[DictConfig, tuple[Override, ...]]:
     """``cfg`` with every override applied in order, and the overrides as parsed (all parsed first)."""
