@@ -88,7 +88,9 @@ def te_placeholders_as_types() -> None:
     Why: Bridge 0.7.0's Qwen3-VL attention asks ``isinstance(core_attention, TEDotProductAttention)`` on the no-TE
     path, and an instance as the second argument raises ``TypeError``; a subclass answers ``False`` (and calling it
     makes a mock, as the instance did). Rebinds the name in megatron-core's module and in every loaded
-    ``megatron.*`` module that imported it; later imports get the subclass. Does nothing where TE loads.
+    ``megatron.*`` module that imported it; later imports get the subclass. A class a loaded module derived from a
+    placeholder (megatron-core 0.20's inference linears, which its multi-token-prediction layers ask ``isinstance``
+    against) becomes a ``MagicMock`` subclass as well. Does nothing where TE loads.
     """
     import importlib
     from unittest import mock
@@ -106,3 +108,23 @@ def te_placeholders_as_types() -> None:
             swap = swaps.get(id(value))
             if swap is not None and swap[0] == name:
                 setattr(module, name, swap[1])
+            elif _derived_from_a_placeholder(value, name, module_name):
+                setattr(module, name, type(name, (mock.MagicMock,), {"__module__": module_name, "__qualname__": name}))
+
+
+def _derived_from_a_placeholder(value: Any, name: str, module_name: str) -> bool:
+    """Whether ``value`` is what ``class <name>(<placeholder>): ...`` in ``module_name`` bound.
+
+    Why: megatron-core 0.20 writes ``class InferenceColumnParallelLinear(TEColumnParallelLinear)``, and its
+    multi-token-prediction layer asks ``isinstance`` against that class. Over a ``MagicMock`` instance a class
+    statement calls ``MagicMock(name, bases, namespace)``: the name is bound to a new instance whose
+    ``return_value`` is the class body's namespace. Its ``__qualname__`` and ``__module__`` tell the class apart from
+    any other mock. A class derived from such a class is one too.
+    """
+    from unittest import mock
+
+    if not isinstance(value, mock.NonCallableMock):
+        return False
+    namespace = vars(value).get("_mock_return_value")
+    return (isinstance(namespace, dict) and namespace.get("__qualname__") == name
+            and namespace.get("__module__") == module_name)

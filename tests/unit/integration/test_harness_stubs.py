@@ -93,3 +93,33 @@ def test_a_te_class_placeholder_answers_isinstance(cpu_bridge):
     assert not isinstance(module, te_extension.TEDotProductAttention)
     assert not any(isinstance(module, getattr(te_extension, name)) for name in dir(te_extension)
                    if name.startswith("TE") and isinstance(getattr(te_extension, name), type))
+
+
+def test_a_class_derived_from_a_te_placeholder_answers_isinstance(cpu_bridge, monkeypatch):
+    """megatron-core 0.20 derives classes from its TE placeholders (``class InferenceColumnParallelLinear(
+    TEColumnParallelLinear)``) and its multi-token-prediction layer asks ``isinstance`` against them: over a
+    ``MagicMock`` instance such a class statement binds another instance, and ``plan`` on Qwen3.5-VL / EXAONE 4.5
+    failed with ``TypeError: isinstance() arg 2 must be a type`` (issue 49). The stand-in makes each such name (and a
+    class derived from it in turn) a class too."""
+    from unittest import mock
+
+    import torch
+    from megatron.core.extensions import transformer_engine as te_extension
+
+    from bridge_freeze_harness import _te_stub
+
+    if te_extension.HAVE_TE:
+        pytest.skip("TransformerEngine is installed: its classes are real")
+    monkeypatch.setattr(te_extension, "TEStandInLinear", mock.MagicMock(), raising=False)
+    derived = types.ModuleType("megatron.core.stand_in_derived")
+    exec("from megatron.core.extensions.transformer_engine import TEStandInLinear\n"
+         "class InferenceStandIn(TEStandInLinear):\n    pass\n"
+         "class InferenceStandInTwice(InferenceStandIn):\n    pass\n", derived.__dict__)
+    monkeypatch.setitem(sys.modules, derived.__name__, derived)
+    assert not isinstance(derived.InferenceStandIn, type)  # what megatron-core 0.20 finds without TE
+    _te_stub.te_placeholders_as_types()
+    module = torch.nn.Linear(2, 2)
+    for name in ("InferenceStandIn", "InferenceStandInTwice"):
+        assert isinstance(getattr(derived, name), type), name
+        assert not isinstance(module, getattr(derived, name))
+    assert isinstance(te_extension.TEStandInLinear, type)
