@@ -1,9 +1,11 @@
-"""NeMo-RL's refit code (``nemo_rl_refit_7ea279ab.txt``, verbatim) as modules under NeMo-RL's own names, on the CPU.
+"""NeMo-RL's refit code (read from ``$BRIDGE_FREEZE_NEMO_RL``, unchanged) as modules under NeMo-RL's own names, on the
+CPU.
 
 NeMo-RL's modules import Ray, vLLM, ZMQ and its training stack at their top, none of which is installed for the
-tests (vLLM and a CUDA IPC need a GPU). So the functions and methods a refit runs through are copied out unchanged
-(``extract_nemo_rl_refit.py``) and executed here in modules named as NeMo-RL names them, with the names each
-piece uses bound as NeMo-RL's module binds them. What is not NeMo-RL's code, and why:
+tests (vLLM and a CUDA IPC need a GPU). So the functions and methods a refit runs through are read out unchanged
+from a NeMo-RL source (``extract_nemo_rl_refit.py``; nothing of NeMo-RL is kept in this repository) and executed
+here in modules named as NeMo-RL names them, with the names each piece uses bound as NeMo-RL's module binds them.
+What is not NeMo-RL's code, and why:
 
 - the Ray actor machinery: ``ray.put`` / ``ray.get`` hand values through, and an actor handle's ``method.remote``
   calls the method in-process (:class:`Actor`);
@@ -30,19 +32,28 @@ import textwrap
 import traceback
 import types
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, Optional, cast
 
 import torch
 
-SOURCE = Path(__file__).with_name("nemo_rl_refit_7ea279ab.txt")
 HEADER = re.compile(r"^#### (\S+) (\S+) \d+-\d+$", re.M)
 RECV_TIMEOUT_S = 60.0
 
 
+def source_spec() -> str | None:
+    """Where NeMo-RL's source is (``$BRIDGE_FREEZE_NEMO_RL``: a checkout, or ``GITDIR@COMMIT``), or ``None``."""
+    from extract_nemo_rl_refit import ENV
+
+    return os.environ.get(ENV) or None
+
+
 def pieces() -> dict[tuple[str, str], str]:
-    """(NeMo-RL path, qualified name) -> its verbatim source."""
-    text = SOURCE.read_text()
+    """(NeMo-RL path, qualified name) -> its source, read unchanged from :func:`source_spec`."""
+    from extract_nemo_rl_refit import extract_from
+
+    spec = source_spec()
+    assert spec is not None, "no NeMo-RL source"
+    text = extract_from(spec)
     marks = list(HEADER.finditer(text))
     ends = [m.start() for m in marks[1:]] + [len(text)]
     return {(m[1], m[2]): text[m.end() + 1:end] for m, end in zip(marks, ends, strict=True)}

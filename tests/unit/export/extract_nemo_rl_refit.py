@@ -1,11 +1,13 @@
-"""Write ``nemo_rl_refit_7ea279ab.txt``: NeMo-RL's own refit code, verbatim, for test_nemo_rl_refit.py.
+"""NeMo-RL's own refit code, read out of a NeMo-RL source at test time for test_nemo_rl_refit.py.
 
-NeMo-RL cannot be imported here (its modules import Ray, vLLM, ZMQ and its whole training stack at the top), so the
-functions and methods its refit runs through are copied out of a checkout, each unchanged (its decorators, its
-body), and ``_nemo_rl_refit.py`` runs them on the CPU. Regenerate from a checkout of the commit below (or a bare
-mirror, with ``git -C MIRROR worktree add`` or ``git archive``):
+NeMo-RL cannot be imported here (its modules import Ray, vLLM, ZMQ and its whole training stack at the top), and
+it is not installable from PyPI (``nemo-rl`` there is a 0.0.0 placeholder). So the functions and methods its refit
+runs through are read, each unchanged (its decorators, its body), from a NeMo-RL source the user names, and
+``_nemo_rl_refit.py`` runs them on the CPU. Nothing of NeMo-RL is kept in this repository: the source is
+``$BRIDGE_FREEZE_NEMO_RL``, a checkout of the commit below, or ``GITDIR@COMMIT`` (a clone or bare mirror, read
+with ``git archive``). To see what the test runs:
 
-    python tests/unit/export/extract_nemo_rl_refit.py /path/to/NVIDIA-NeMo/RL
+    python tests/unit/export/extract_nemo_rl_refit.py /path/to/NVIDIA-NeMo/RL        # or GITDIR@7ea279ab
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 DATE = "2026-08-22"
-OUT = Path(__file__).resolve().parent / f"nemo_rl_refit_{COMMIT[:8]}.txt"
+#: Where the test finds NeMo-RL's source: a checkout of COMMIT, or GITDIR@COMMIT.
+ENV = "BRIDGE_FREEZE_NEMO_RL"
 #: (path in NeMo-RL, qualified names copied from it)
 PIECES: list[tuple[str, list[str]]] = [
     ("nemo_rl/utils/nsys.py", ["wrap_with_nvtx_name"]),
@@ -51,9 +54,8 @@ PIECES: list[tuple[str, list[str]]] = [
     ]),
 ]
 HEADER = f"""\
-# NeMo-RL's refit code, copied verbatim: https://github.com/NVIDIA-NeMo/RL at {COMMIT} ({DATE}).
-# Apache-2.0, Copyright (c) 2025, NVIDIA CORPORATION. Written by extract_nemo_rl_refit.py (do not edit by hand).
-# Each piece: "#### <path> <qualified name> <first line>-<last line>", then its source (methods dedented).
+# NeMo-RL's refit code as read from https://github.com/NVIDIA-NeMo/RL at {COMMIT} ({DATE}), by
+# extract_nemo_rl_refit.py. Each piece: "#### <path> <qualified name> <first line>-<last line>", then its source.
 """
 
 
@@ -85,6 +87,28 @@ def extract(checkout: Path) -> str:
     return "".join(out)
 
 
+def extract_from(spec: str) -> str:
+    """:func:`extract` of a checkout directory, or of ``GITDIR@COMMIT`` (the pieces' files taken with ``git
+    archive``; the commit must be :data:`COMMIT`)."""
+    import io
+    import tarfile
+    import tempfile
+
+    gitdir, at, commit = spec.rpartition("@")
+    if not at or Path(spec).is_dir():
+        return extract(Path(spec))
+    full = subprocess.run(["git", "--git-dir", gitdir, "rev-parse", f"{commit}^{{commit}}"], capture_output=True,
+                          text=True)
+    if full.returncode != 0 or full.stdout.strip() != COMMIT:
+        raise SystemExit(f"{spec}: not commit {COMMIT} ({(full.stdout or full.stderr).strip()})")
+    paths = [path for path, _ in PIECES]
+    archive = subprocess.run(["git", "--git-dir", gitdir, "archive", "--format=tar", COMMIT, *paths],
+                             capture_output=True, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        return extract(Path(tmp))
+
+
 if __name__ == "__main__":
-    OUT.write_text(extract(Path(sys.argv[1])))
-    print(f"wrote {OUT}")
+    sys.stdout.write(extract_from(sys.argv[1]))

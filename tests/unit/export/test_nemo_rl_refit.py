@@ -1,10 +1,12 @@
 """NeMo-RL's own refit code with the trainable-only switch of docs/rl-weight-sync.md (issue 46, the NeMo-RL point).
 
-NeMo-RL (commit 7ea279ab) is not importable here: its modules import Ray, vLLM and ZMQ at their top. The functions
-and methods its refit runs through are copied verbatim (``nemo_rl_refit_7ea279ab.txt``) and executed under
-NeMo-RL's module names (``_nemo_rl_refit``, which lists the stand-ins: Ray's futures and handles, the ZMQ pair,
-the CUDA IPC handle, vLLM's load into its model). The docs' two code blocks (the worker subclass, the driver's
-switch) run as written on top of them, on a tiny Qwen3-VL that trains only its projection:
+NeMo-RL (commit 7ea279ab) is not importable here: its modules import Ray, vLLM and ZMQ at their top, and PyPI's
+``nemo-rl`` is a 0.0.0 placeholder. The functions and methods its refit runs through are read unchanged from a NeMo-
+RL source given as ``$BRIDGE_FREEZE_NEMO_RL`` (a checkout of 7ea279ab, or ``GITDIR@7ea279ab``; nothing of NeMo-RL is
+kept in this repository, so without it the test is skipped) and executed under NeMo-RL's module names
+(``_nemo_rl_refit``, which lists the stand-ins: Ray's futures and handles, the ZMQ pair, the CUDA IPC handle, vLLM's
+load into its model). The docs' two code blocks (the worker subclass, the driver's switch) run as written on top of
+them, on a tiny Qwen3-VL that trains only its projection:
 
 - ``setup()``'s handshake: ``Policy.prepare_refit_info`` over every policy worker gives Bridge's full layout, and
   ``VllmGeneration.prepare_refit_info`` reaches the engine's workers (not the ones ``run_rank_0_only_axes`` skips);
@@ -25,6 +27,12 @@ from typing import Any
 
 import pytest
 import torch
+from _nemo_rl_refit import source_spec
+
+if source_spec() is None:
+    pytest.skip("needs NeMo-RL's source (not installable from PyPI, not kept here): set BRIDGE_FREEZE_NEMO_RL to a "
+                "checkout of NVIDIA-NeMo/RL at 7ea279ab, or GITDIR@7ea279ab", allow_module_level=True)
+
 from _nemo_rl_refit import (
     RAY,
     Actor,
