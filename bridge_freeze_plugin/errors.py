@@ -88,8 +88,9 @@ class LoraOverlapError(BridgeFreezeError, RuntimeError):
 
 
 class UnexportableAdapterError(BridgeFreezeError, RuntimeError):
-    """LoRA put adapters on plain ``torch.nn.Linear`` modules (HF-implemented towers): Bridge's ``LinearAdapter``,
-    whose training none of Bridge's exports carries (the merged HF export merges ``to_wrap`` bases only).
+    """LoRA put adapters on plain ``torch.nn.Linear`` modules (HF-implemented towers) as bare ``LinearAdapter``
+    copies (Bridge up to 0.6.2), whose training none of Bridge's exports carries (the merged HF export merges
+    ``to_wrap`` bases only). A Bridge whose LoRA keeps the layer as ``to_wrap`` (0.7.0) is not refused.
 
     ``modules`` lists every one of them (the message shows the first few).
     """

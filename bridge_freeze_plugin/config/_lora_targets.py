@@ -1,7 +1,11 @@
 """LoRA targets that land on plain ``torch.nn.Linear`` modules: refused by the config as the build refuses them.
 
-Bridge's LoRA turns a plain ``torch.nn.Linear`` (an HF-implemented tower) into ``LinearAdapter``, whose training no
-Bridge export carries (``prewrap/_plain_linear.py``). The family's table lists those modules (``plain_linear``
+Bridge's LoRA up to 0.6.2 turns a plain ``torch.nn.Linear`` (an HF-implemented tower) into a bare ``LinearAdapter``,
+whose training no Bridge export carries (``prewrap/_plain_linear.py``); a later Bridge (0.7.0) keeps the layer as
+``to_wrap`` and exports it. Which one is installed is found by trying Bridge's own ``LoRA.transform`` on a tiny
+``torch.nn.Linear`` once (``prewrap.bridge_lora_wraps_plain_linear``), never from a version: where it keeps the
+layer, nothing here is refused; where it cannot be tried (Bridge's LoRA does not import here), the rule stays. The
+family's table lists those modules (``plain_linear``
 prefixes); a target whose literal head (the text before the first ``*``) lies under one of them reaches such
 modules for certain and is refused while a flag is set. A target whose head lies above such a prefix (``*qkv``,
 ``vis*``) may reach them: left to the build, which refuses it if it does (warned here). A leaf name (``qkv``,
@@ -16,6 +20,7 @@ import logging
 
 from bridge_freeze_plugin.config._run_settings import RunSettings
 from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.prewrap import bridge_lora_wraps_plain_linear
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.request import Part
 
@@ -58,6 +63,9 @@ def lora_targets_are_exportable(s: RunSettings, family: FamilySpec | None) -> li
     targets = s.lora.target_modules
     if targets is None:  # Bridge's default leaf names (linear_qkv, ...): Megatron layers
         return []
+    wraps = bridge_lora_wraps_plain_linear()
+    if wraps:  # the installed Bridge keeps a plain Linear as to_wrap: its exports carry the adapters
+        return []
     if targets == ():
         reach = {"[] (empty: every linear module)": ([], list(family.plain_linear)) if s.lora.exclude_modules
                  else (list(family.plain_linear), [])}
@@ -77,9 +85,17 @@ def lora_targets_are_exportable(s: RunSettings, family: FamilySpec | None) -> li
     lm = family.prefixes(Part.LANGUAGE_MODEL)
     return [
         f"{section}.target_modules {', '.join(found)}: on {family.name} those modules are plain torch.nn.Linear "
-        f"layers (HF-implemented), which Bridge's LoRA wraps as LinearAdapter, and no Bridge export carries their "
-        f"training (the merged HF export merges only Megatron layers; the adapter exports keep '.adapter.' weights "
-        f"only; the RL sync follows the export): the trained adapters would be lost, and the build would refuse "
-        f"them (UnexportableAdapterError). Target Megatron linear layers (e.g. '{lm[0]}.*linear_qkv'), or train "
-        f"that part at full rank (its freeze flag false) with LoRA scoped away from it."
+        f"layers (HF-implemented), which {_whose(wraps)} wraps as a bare LinearAdapter (no to_wrap), and no "
+        f"export of it carries their training (the merged HF export merges only layers kept as to_wrap; the "
+        f"adapter exports keep '.adapter.' weights only; the RL sync follows the export): the trained adapters "
+        f"would be lost, and the build would refuse them (UnexportableAdapterError). Target Megatron linear "
+        f"layers (e.g. '{lm[0]}.*linear_qkv'), or train that part at full rank (its freeze flag false) with LoRA "
+        f"scoped away from it, or use a Bridge whose LoRA keeps the Linear as to_wrap (Megatron-Bridge 0.7.0)."
     ]
+
+
+def _whose(wraps: bool | None) -> str:
+    """Whose LoRA the refusal speaks of: the installed Bridge's, tried (``False``), or untried (``None``)."""
+    if wraps is None:
+        return "Bridge's LoRA up to 0.6.2 (the installed Bridge's LoRA could not be tried here, as it does not import)"
+    return "the installed Bridge's LoRA (tried on a torch.nn.Linear)"

@@ -8,9 +8,11 @@ loads adapters only). While the plugin is active, each refuses such a run with
 :class:`~bridge_freeze_plugin.errors.AdapterExportError`, naming the alternative: export the whole model
 (``AutoBridge.save_hf_pretrained`` after merging) or write :func:`~bridge_freeze_plugin.trainable_state_dict`
 (adapters + full-rank parts under checkpoint names). Runs with every part's flag set, or plain LoRA, are
-untouched, except for one loss of their own: adapters on plain ``torch.nn.Linear`` modules (Bridge's
-``LinearAdapter``, in HF-implemented towers) have no ``.adapter.`` in their names, so the adapter exports drop
-them too; the model guards refuse such a model whatever the flags (the build refuses them while a flag is set).
+untouched, except for one loss of their own: adapters on plain ``torch.nn.Linear`` modules made bare
+``LinearAdapter`` copies (Bridge up to 0.6.2, in HF-implemented towers) have no ``.adapter.`` in their names, so
+the adapter exports drop them too; the model guards refuse such a model whatever the flags (the build refuses them
+while a flag is set). Where the installed Bridge kept the layer as ``to_wrap`` (0.7.0), read from the model
+(``prewrap.linear_adapters``), its exports carry them and nothing is refused.
 """
 
 from __future__ import annotations
@@ -104,9 +106,10 @@ def _refuse_linear_adapters(what: str, model: Any) -> None:
         shown = some_of(found, 8)
         raise AdapterExportError(
             f"{what} writes LoRA adapters named '.adapter.' only, but this model has {len(found)} LoRA adapter(s) on "
-            f"plain torch.nn.Linear modules (Bridge's LinearAdapter, in an HF-implemented tower): {shown}. Their "
-            f"training would be silently missing from the export (and from the merged HF export). Retrain with LoRA "
-            f"targets on Megatron linear layers, or train that part at full rank; the Megatron checkpoint keeps them."
+            f"plain torch.nn.Linear modules (bare LinearAdapter copies, no to_wrap, in an HF-implemented tower): "
+            f"{shown}. Their training would be silently missing from the export (and from the merged HF export). "
+            f"Retrain with LoRA targets on Megatron linear layers, or train that part at full rank; the Megatron "
+            f"checkpoint keeps them."
         )
 
 

@@ -13,8 +13,9 @@ What counts as exported, as Bridge's export does it:
   a task; without merging Bridge's HF export leaves adapters out by design (its adapter exports carry them);
 - a tied output layer (``share_embeddings_and_output_weights``): Bridge exports the embedding it is tied to.
 
-A plain ``torch.nn.Linear`` that LoRA replaced with Bridge's ``LinearAdapter`` (an HF-implemented tower) has
-``linear_in`` / ``linear_out`` weights that no task exports and no merge carries: they are named here too.
+A plain ``torch.nn.Linear`` that LoRA replaced with a bare ``LinearAdapter`` copy (Bridge up to 0.6.2, an
+HF-implemented tower) has ``linear_in`` / ``linear_out`` weights that no task exports and no merge carries: they
+are named here too. Where LoRA kept the layer as ``to_wrap`` (0.7.0), its base has a task and the adapters merge.
 """
 
 from __future__ import annotations
@@ -68,6 +69,6 @@ def untasked_message(bridge: str, chunks: Sequence[Any], untasked: list[str], an
         f"a trainable-only weight sync of {model} with {bridge}: {what}. Their training would never reach the "
         "inference engine. Pass the AutoBridge the model was built from (AutoBridge.from_hf_pretrained of the "
         "same checkpoint; another model's bridge maps none of its tensors). A LoRA adapter on a plain "
-        "torch.nn.Linear (Bridge's LinearAdapter, in an HF-implemented tower) is carried by no Bridge export: "
-        "target Megatron linear layers, or train that part at full rank."
+        "torch.nn.Linear made a bare LinearAdapter copy (no to_wrap, in an HF-implemented tower) is carried by no "
+        "Bridge export: target Megatron linear layers, or train that part at full rank."
     )

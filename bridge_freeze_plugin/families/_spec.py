@@ -110,8 +110,9 @@ class FamilySpec:
     #: The parts whose gradients that recompute gets wrong (their training triggers the fix).
     full_recompute_affects: tuple[str, ...] = ()
     #: Modules (prefixes) whose linear layers are plain ``torch.nn.Linear`` (HF-implemented towers): LoRA there
-    #: becomes Bridge's ``LinearAdapter``, whose training no Bridge export carries (config rules refuse such
-    #: targets; the build refuses the adapters whatever the table says).
+    #: becomes a bare ``LinearAdapter`` on Bridge up to 0.6.2, whose training no Bridge export carries (config rules
+    #: refuse such targets where the installed Bridge's LoRA does so; the build refuses bare adapters whatever the
+    #: table says).
     plain_linear: tuple[str, ...] = ()
     #: Part name (or ``"other"``) -> the leaf names of its linear modules (the last segment of each module's
     #: name, what Bridge's LoRA matches a target without ``.`` or ``*`` against), read off the built model; the

@@ -56,7 +56,7 @@ from bridge_freeze_plugin.prewrap._pipeline import (
     provide_distributed_frozen,
     provide_frozen,
 )
-from bridge_freeze_plugin.prewrap._plain_linear import linear_adapters
+from bridge_freeze_plugin.prewrap._plain_linear import bridge_lora_wraps_plain_linear, linear_adapters
 from bridge_freeze_plugin.prewrap._provider import (
     PLUGIN_CLASS_MARK,
     bridge_class,
@@ -114,6 +114,7 @@ __all__ = [
     "as_chunks",
     "base_name",
     "bridge_class",
+    "bridge_lora_wraps_plain_linear",
     "chunk_state",
     "declared_default",
     "expert_bias_moves",

@@ -68,8 +68,9 @@ def test_the_right_bridge_still_syncs(checkpoints):
 
 
 def _plain_lora_on_qwen25_vision_qkv(checkpoints: Callable[[str], Path]) -> tuple[Any, list[Any], list[str]]:
-    """LoRA with no plugin flag (left to Bridge) on Qwen2.5-VL's HF ``visual.blocks.*.attn.qkv``: Bridge's
-    ``LinearAdapter`` weights train, and no conversion task carries them (the merge handles ``to_wrap`` bases only)."""
+    """LoRA with no plugin flag (left to Bridge) on Qwen2.5-VL's HF ``visual.blocks.*.attn.qkv``. Bridge 0.6.2 makes
+    bare ``LinearAdapter`` copies (``<target>.linear_{in,out}``), which no conversion task carries (the merge handles
+    ``to_wrap`` bases only); 0.7.0 keeps the layer as ``to_wrap`` (``<target>.adapter.linear_{in,out}``), exported."""
     from megatron.bridge.peft.lora import LoRA
 
     peft = LoRA(target_modules=["visual.blocks.*qkv"], dim=4, alpha=8)
@@ -81,24 +82,53 @@ def _plain_lora_on_qwen25_vision_qkv(checkpoints: Callable[[str], Path]) -> tupl
 
     bridge, chunks = _built(checkpoints("qwen25_vl"), "qwen25_vl", hook=lora)
     adapters = sorted(n for c in chunks for n, p in c.named_parameters() if p.requires_grad)
-    assert adapters and all(".attn.qkv.linear_" in n for n in adapters)
+    form = ".attn.qkv.adapter.linear_" if _kept() else ".attn.qkv.linear_"
+    assert adapters and all(form in n for n in adapters)
     return bridge, chunks, adapters
 
 
-def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_sync(checkpoints):
+def _kept() -> bool:
+    """Whether the installed Bridge's LoRA keeps a plain ``torch.nn.Linear`` as ``to_wrap`` (its exports carry it)."""
+    from bridge_freeze_plugin.prewrap import bridge_lora_wraps_plain_linear
+
+    kept = bridge_lora_wraps_plain_linear()
+    assert kept is not None
+    return kept
+
+
+def test_plain_lora_on_an_hf_towers_linear_follows_the_installed_bridge_in_the_sync(checkpoints):
+    """Refused where the installed Bridge's exports drop the adapters; where they carry them (0.7.0), the trainable
+    sync sends the merged tower weights, the same tensors as Bridge's merged export, and the receiver's layout
+    says the same names (issue 49)."""
+    import torch
+
     from bridge_freeze_plugin import TrainableSyncError, export_trainable_hf_weights
+    from bridge_freeze_plugin.export import trainable_hf_weights_info
 
     bridge, chunks, adapters = _plain_lora_on_qwen25_vision_qkv(checkpoints)
-    with pytest.raises(TrainableSyncError) as err:
-        list(export_trainable_hf_weights(bridge, chunks, show_progress=False))
-    assert adapters[0] in str(err.value) and "LinearAdapter" in str(err.value)
+    if not _kept():
+        with pytest.raises(TrainableSyncError) as err:
+            list(export_trainable_hf_weights(bridge, chunks, show_progress=False))
+        assert adapters[0] in str(err.value) and "LinearAdapter" in str(err.value)
+        return
+    sent = dict(export_trainable_hf_weights(bridge, chunks, cpu=True, show_progress=False))
+    bases = sorted({n.partition(".adapter.")[0] for n in adapters})
+    assert sorted(sent) == [f"{base}.weight" for base in bases]
+    merged = {n: t for n, t in bridge.export_hf_weights(chunks, cpu=True, show_progress=False) if n in sent}
+    assert sorted(merged) == sorted(sent) and all(torch.equal(sent[n], merged[n]) for n in sent)
+    assert list(trainable_hf_weights_info(bridge, chunks)) == list(sent)
 
 
-def test_plain_lora_on_an_hf_towers_linear_is_refused_by_the_adapter_exports(checkpoints, tmp_path):
-    """Sibling: Bridge's adapter-only exports keep '.adapter.' weights only, so they drop LinearAdapter's too."""
+def test_plain_lora_on_an_hf_towers_linear_follows_the_installed_bridge_in_the_adapter_exports(checkpoints, tmp_path):
+    """Sibling: 0.6.2's adapter-only exports keep '.adapter.' weights only, so they drop LinearAdapter's too, and are
+    refused; 0.7.0's write each target's lora_A / lora_B, and are let through."""
     from bridge_freeze_plugin import AdapterExportError
 
     bridge, chunks, _ = _plain_lora_on_qwen25_vision_qkv(checkpoints)
+    if _kept():
+        written = [n for n, _ in bridge.export_adapter_weights(chunks, cpu=True, show_progress=False)]
+        assert sorted(written) == [f"visual.blocks.{i}.attn.qkv.lora_{ab}.weight" for i in (0, 1) for ab in "AB"]
+        return
     with pytest.raises(AdapterExportError) as err:
         list(bridge.export_adapter_weights(chunks, cpu=True, show_progress=False))
     assert "visual.blocks.0.attn.qkv, visual.blocks.1.attn.qkv" in str(err.value)

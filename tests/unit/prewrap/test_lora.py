@@ -205,10 +205,21 @@ def build_qwen25(selection, peft):
     return provider, build_tiny_chunks("qwen25_vl", provider=provider)
 
 
-def test_hf_vision_tower_adapters_next_to_a_full_rank_projection_are_refused(cpu_bridge):
-    """LoRA on the HF vision attention (LinearAdapter: no Bridge export carries it) is refused before training,
-    naming those modules (issue 37, item 5; tests/unit/prewrap/test_plain_linear_lora.py covers every family)."""
+def test_hf_vision_tower_adapters_next_to_a_full_rank_projection_follow_the_installed_bridge(cpu_bridge):
+    """LoRA on the HF vision attention is refused before training, naming those modules, where the installed Bridge
+    makes bare LinearAdapter copies that no export carries (0.6.2; issue 37, item 5); where it keeps the layer as
+    to_wrap (0.7.0; issue 49) it builds: the adapters train, and the projection at full rank
+    (tests/unit/prewrap/test_plain_linear_lora.py covers every family)."""
+    from bridge_freeze_plugin.prewrap import bridge_lora_wraps_plain_linear
+
     peft = lora(["linear_qkv", "qkv"])  # LM attention (LoRALinear) + HF vision attention (LinearAdapter)
+    if bridge_lora_wraps_plain_linear():
+        _, (chunk,) = build_qwen25(FreezeSelection(True, True, False), peft)
+        trained = {n for n, p in chunk.named_parameters() if p.requires_grad}
+        assert {n for n in trained if n.startswith("visual.blocks.")} == {
+            f"visual.blocks.{i}.attn.qkv.adapter.linear_{side}.weight" for i in (0, 1) for side in ("in", "out")}
+        assert any(n.startswith("visual.merger.") for n in trained)
+        return
     with pytest.raises(bfp.UnexportableAdapterError) as err:
         build_qwen25(FreezeSelection(True, True, False), peft)
     assert err.value.modules == ("visual.blocks.0.attn.qkv", "visual.blocks.1.attn.qkv")
@@ -216,10 +227,11 @@ def test_hf_vision_tower_adapters_next_to_a_full_rank_projection_are_refused(cpu
 
 
 def test_a_linear_adapter_on_a_full_rank_projection_is_refused(cpu_bridge):
+    """Refused either way: a bare LinearAdapter copy (0.6.2) or the layer kept as to_wrap (0.7.0)."""
     with pytest.raises(LoraOverlapError) as err:
         build_qwen25(FreezeSelection(True, True, False), lora(["*merger.mlp.0"]))
     assert {p.split(" ")[0] for p in err.value.parameters} == {"visual.merger.mlp.0.weight", "visual.merger.mlp.0.bias"}
-    assert all("LinearAdapter" in p for p in err.value.parameters)
+    assert all("LinearAdapter" in p or "to_wrap" in p for p in err.value.parameters)
 
 
 # ---- checkpoints: what Bridge saves, and resume ----
