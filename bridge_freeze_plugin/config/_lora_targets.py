@@ -30,7 +30,7 @@ logger = logging.getLogger("bridge_freeze_plugin")
 _REGEX_CHARACTERS = frozenset("[](){}?+^$|\\")
 
 
-def plain_linear_reach(target: str, family: FamilySpec) -> tuple[list[str], list[str]]:
+def _plain_linear_reach(target: str, family: FamilySpec) -> tuple[list[str], list[str]]:
     """``(prefixes it certainly reaches, prefixes it may reach)`` among the family's ``plain_linear``."""
     prefixes = family.plain_linear
     if _REGEX_CHARACTERS & set(target):
@@ -63,17 +63,20 @@ def lora_targets_are_exportable(s: RunSettings, family: FamilySpec | None) -> li
     targets = s.lora.target_modules
     if targets is None:  # Bridge's default leaf names (linear_qkv, ...): Megatron layers
         return []
-    wraps = bridge_lora_wraps_plain_linear()
-    if wraps:  # the installed Bridge keeps a plain Linear as to_wrap: its exports carry the adapters
-        return []
     if targets == ():
         reach = {"[] (empty: every linear module)": ([], list(family.plain_linear)) if s.lora.exclude_modules
                  else (list(family.plain_linear), [])}
     else:
-        reach = {repr(t): plain_linear_reach(str(t), family) for t in ([targets] if isinstance(targets, str)
+        reach = {repr(t): _plain_linear_reach(str(t), family) for t in ([targets] if isinstance(targets, str)
                                                                         else targets)}
     found = [f"{t} (reaches {', '.join(certain)})" for t, (certain, _) in reach.items() if certain]
     maybe = [f"{t} (may reach {', '.join(may)})" for t, (certain, may) in reach.items() if may and not certain]
+    if not found and not maybe:
+        return []
+    # Only now is the installed Bridge's LoRA tried (it imports Bridge: seconds), and once per process.
+    wraps = bridge_lora_wraps_plain_linear()
+    if wraps:  # the installed Bridge keeps a plain Linear as to_wrap: its exports carry the adapters
+        return []
     if maybe and is_rank0():
         logger.warning(
             "bridge-freeze: LoRA target_modules %s: adapters there may land on plain torch.nn.Linear modules of "

@@ -23,9 +23,11 @@ unless :func:`bridge_lora_wraps_plain_linear` (Bridge's own ``LoRA.transform`` a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from bridge_freeze_plugin.errors import UnexportableAdapterError, some_of
@@ -66,6 +68,29 @@ def linear_adapters(model: Any) -> list[str]:
     return found
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Bridge's import chatter (its warnings, INFO records, megatron-core's and torch's notes) kept out of what the
+    probe's caller shows: a refusal is one line. Records at WARNING and above of the plugin's own logger pass."""
+    import io
+    import warnings
+
+    names = ("megatron", "torch", "transformers", "py.warnings")
+    saved = {name: logging.getLogger(name).level for name in names}
+    disabled = logging.root.manager.disable
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # a print on import: not the output
+        warnings.simplefilter("ignore")
+        logging.disable(logging.INFO)  # loggers that set their own INFO level and handler (Bridge's import_utils)
+        for name in names:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logging.disable(disabled)
+            for name, old in saved.items():
+                logging.getLogger(name).setLevel(old)
+
+
 @functools.cache
 def bridge_lora_wraps_plain_linear() -> bool | None:
     """Whether the installed Bridge's LoRA keeps a plain ``torch.nn.Linear`` as ``to_wrap`` (its exports carry the
@@ -76,7 +101,8 @@ def bridge_lora_wraps_plain_linear() -> bool | None:
     import torch
 
     try:
-        lora_class = getattr(importlib.import_module(_LORA[0]), _LORA[1])
+        with _quiet():
+            lora_class = getattr(importlib.import_module(_LORA[0]), _LORA[1])
         linear = torch.nn.Linear(2, 2)
         wrapped = lora_class(target_modules=["probe"], dim=1, alpha=1).transform(linear, name="probe", prefix="")
     except Exception as exc:  # noqa: BLE001 - any failure leaves the answer unknown (the caller stays strict)

@@ -427,8 +427,8 @@ def test_demo_refusals_import_no_model_code():
     heavy = ("torch", "transformers", "megatron", "bridge_freeze_harness.demo_flow", "bridge_freeze_harness.tiny.")
     argvs = [["demo", family] for family in DEMO_REFUSED] + [
         ["demo", "--freeze-language-model", "--freeze-vision-model", "--freeze-vision-projection"],
-        ["demo", "--train-all", "--freeze-vision-model"],
-        ["demo", "qwen25_vl", "--lora-rank", "4", "--lora-target-modules", "visual.patch_embed.proj"]]
+        ["demo", "--train-all", "--freeze-vision-model"]]
+    # (not the LoRA target on Qwen2.5-VL's HF tower: that rule tries the installed Bridge's own LoRA on a Linear)
     code = (
         "import sys\nfrom bridge_freeze_plugin.cli import main\n"
         f"codes = [main(argv) for argv in {argvs!r}]\n"

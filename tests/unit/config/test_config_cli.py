@@ -94,3 +94,21 @@ def test_bridge_run_config(capsys):
                          "model.recompute_method=uniform", "model.recompute_num_layers=1")
     assert code == 0, out  # adjusted when the model is built, not refused
     assert "adjusted when the model is built: model.recompute_granularity=full" in out
+
+
+def test_a_lora_config_whose_targets_reach_no_hf_tower_imports_no_model_code():
+    """The plain-Linear rule tries the installed Bridge's own LoRA (it imports Bridge: seconds) only for a target
+    that reaches a family's plain torch.nn.Linear modules: a LoRA on the language model answers at once."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom bridge_freeze_plugin.cli import main\n"
+        "code = main(['check-config', '--layout', 'bridge', '--family', 'qwen25_vl', "
+        "'model.freeze_language_model=true', 'model.freeze_vision_model=true', "
+        "'peft._target_=megatron.bridge.peft.lora.LoRA', \"peft.target_modules=['language_model.*linear_qkv']\"])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformers')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0 []"
