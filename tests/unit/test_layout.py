@@ -426,3 +426,12 @@ def test_each_layout_check_finds_a_planted_violation(what, check, files, tests, 
     else:
         found = check(package)
     assert any(expected in item for item in found), (what, found)
+
+
+def test_every_test_file_has_a_basename_of_its_own():
+    """pytest imports test files by basename (no __init__.py in tests/): a second file of the same name fails the
+    whole suite's collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(path.relative_to(TESTS).as_posix())
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
