@@ -8,6 +8,10 @@ takes a Bridge source tree and a megatron-core source tree, copies their ``megat
 ``bridge-freeze plan --tiny`` there, one process each, printing one table row per run. Nothing is installed into
 the venv.
 
+``--whole-suite`` runs the whole suite instead (pytest's ``testpaths``, every file that collects: no list kept
+here) in ONE pytest process, writes its JUnit XML to a temporary file and prints one row per test file from it
+(passed, failed, errors, skipped, seconds: the file's tests' own times, collection and imports not included).
+
 A source is a directory (a checkout: ``src/megatron/bridge`` or ``megatron/core`` inside it is found), or
 ``GITDIR@COMMIT``: the commit's tree taken with ``git archive`` from a git directory (a bare mirror will do)::
 
@@ -27,7 +31,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +116,59 @@ def run(args: list[str], env: dict[str, str], timeout: int) -> tuple[str, float,
     return counts or f"exit {done.returncode}", seconds, "\n".join(failures[-10:] or lines[-5:])
 
 
+#: The columns of the whole suite's per-file table (the seconds last).
+COLUMNS = ("passed", "failed", "errors", "skipped")
+
+
+def _file_of(case: ElementTree.Element) -> str:
+    """The test file of a JUnit ``testcase`` (xunit1 names it, a collection error's too; else from its module)."""
+    if case.get("file"):
+        return case.get("file", "")
+    module = [part for part in (case.get("classname") or case.get("name", "")).split(".") if part[:1].islower()]
+    return "/".join(module) + ".py"
+
+
+def per_file(junit: Path) -> dict[str, dict[str, float]]:
+    """``{file: {passed, failed, errors, skipped, seconds}}`` from a pytest JUnit XML file."""
+    table: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys((*COLUMNS, "seconds"), 0))
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        row = table[_file_of(case)]
+        row["seconds"] += float(case.get("time") or 0)
+        kinds = {child.tag for child in case}
+        if "error" in kinds:  # a setup or teardown error (pytest counts a teardown's beside the pass; one row here)
+            row["errors"] += 1
+        elif "failure" in kinds:
+            row["failed"] += 1
+        elif "skipped" in kinds:
+            row["skipped"] += 1
+        else:
+            row["passed"] += 1
+    return dict(sorted(table.items()))
+
+
+def whole_suite(env: dict[str, str], timeout: int, extra: list[str]) -> int:
+    """The whole suite in one pytest process in the lane; one table row per file. 1 if anything failed."""
+    with tempfile.TemporaryDirectory(prefix="compat-lane-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                "--continue-on-collection-errors", f"--junitxml={junit}", *extra]
+        summary, seconds, tail = run(args, env, timeout)
+        out(f"whole suite: {summary} in {seconds:.0f} s (one process)")
+        if not junit.exists():
+            out(tail, sys.stderr)
+            return 1
+        table = per_file(junit)
+    out("| file | " + " | ".join(COLUMNS) + " | seconds |\n|---|" + "---|" * (len(COLUMNS) + 1))
+    totals = dict.fromkeys((*COLUMNS, "seconds"), 0.0)
+    for name, row in table.items():
+        out(f"| {name} | " + " | ".join(str(int(row[c])) for c in COLUMNS) + f" | {row['seconds']:.1f} |")
+        totals = {key: totals[key] + row[key] for key in totals}
+    out("| **all** | " + " | ".join(str(int(totals[c])) for c in COLUMNS) + f" | {totals['seconds']:.1f} |")
+    if tail and (totals["failed"] or totals["errors"]):
+        out("\n".join(f"    {line}" for line in tail.splitlines()), sys.stderr)
+    return 1 if totals["failed"] or totals["errors"] or "timed out" in summary else 0
+
+
 def out(line: str, stream=sys.stdout) -> None:
     stream.write(line + "\n")
     stream.flush()
@@ -121,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", required=True, type=Path, help="side folder (made or replaced)")
     parser.add_argument("--tests", nargs="*", default=list(TESTS), help="test files (default: the Bridge-facing ones)")
     parser.add_argument("--no-commands", action="store_true", help="skip demo and plan")
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds per process")
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds per process (default 1800; 7200 with --whole-suite)")
+    parser.add_argument("--whole-suite", action="store_true",
+                        help="the whole suite in one pytest process, a row per file from its JUnit XML")
+    parser.add_argument("--pytest-args", nargs="*", default=[],
+                        help="with --whole-suite: what pytest is given besides (default: its testpaths)")
     options = parser.parse_args(argv)
     for key, source in (("bridge", options.bridge), ("mcore", options.mcore)):
         for inner, target in PACKAGES[key]:
@@ -130,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     versions = {key: version_of(options.side / places[0][1] / "package_info.py") for key, places in PACKAGES.items()}
     out(f"in the lane ({options.side}): Megatron-Bridge {versions['bridge']} ({options.bridge}), "
         f"megatron-core {versions['mcore']} ({options.mcore})")
+    if options.whole_suite:
+        return whole_suite(env, options.timeout or 7200, options.pytest_args)
+    timeout = options.timeout or 1800
     out("| run | result | seconds |\n|---|---|---|")
     failed = False
     runs = [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test] for test in options.tests]
@@ -137,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         runs += [[sys.executable, "-m", "bridge_freeze_plugin.cli", *command] for command in COMMANDS]
     for args in runs:
         name = args[-1] if "pytest" in args else "bridge-freeze " + " ".join(args[3:])
-        summary, seconds, tail = run(args, env, options.timeout)
+        summary, seconds, tail = run(args, env, timeout)
         out(f"| {name} | {summary} | {seconds:.0f} |")
         if "failed" in summary or "error" in summary or (summary.startswith(("exit", "timed")) and summary != "exit 0"):
             failed = True
