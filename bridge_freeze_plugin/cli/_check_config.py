@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bridge_freeze_plugin.cli._check_config_summary import lora_line, model_parts, summarize, trains_line
+from bridge_freeze_plugin.cli._check_config_summary import lora_line, model_parts, stage_of, summarize, trains_line
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
 from bridge_freeze_plugin.config import LAYOUTS, select
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
@@ -150,6 +150,7 @@ def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
         "saved_provider": None,
         "error_type": None, "selection": None,
         "trained_parts": None, "frozen_parts": None, "pattern_parts": None, "lora": None, "adjustments": None,
+        "stage": None,
     }
 
 
@@ -227,7 +228,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             _print_header(checked, file, overrides)
         selection = checked.validate()
-        return _print_valid(args, doc, checked, selection)
+        stage = stage_of(checked, selection)  # a config that loads a checkpoint: its selection against this one
+        doc["stage"] = None if stage is None else stage.as_dict()
+        if stage is not None and stage.error is not None:
+            raise stage.error
+        return _print_valid(args, doc, checked, selection, stage)
     except Exception as exc:
         if args.json:  # the document, whatever failed (reading the file included); the error on stderr too
             kind = "" if isinstance(exc, BridgeFreezeError) else "unexpected error: "
@@ -235,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
         raise
 
 
-def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, selection: FreezeSelection) -> int:
+def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, selection: FreezeSelection,
+                 stage: Any = None) -> int:
     summary = summarize(checked, selection)
     trained = summary.trained
     adjusted = checked.adjustments()
@@ -266,5 +272,7 @@ def _print_valid(args: argparse.Namespace, doc: dict[str, Any], checked: Any, se
         out(f"learning rates ({s.rates.key}): {rates}")
     for note in adjusted:
         out(f"adjusted when the model is built: {note}")
+    if stage is not None:
+        out(stage.line)
     out("OK: valid")
     return EXIT_OK

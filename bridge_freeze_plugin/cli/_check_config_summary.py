@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,3 +139,20 @@ def lora_line(lora: dict[str, Any]) -> str:
     return (f"LoRA ({lora['class'].rpartition('.')[2]}, rank {lora['rank']}, target_modules {targets}): decided by "
             f"{lora['decided_by']}; adapters in {adapters} (may: the built model tells, bridge-freeze plan "
             "--lora-rank N --lora-target-modules ... lists them)")
+
+
+def stage_of(checked: Any, selection: FreezeSelection) -> Any:
+    """The stage a Megatron-Bridge ``ConfigContainer``'s ``checkpoint`` section starts (``stages.StageCheck``), or
+    None: another layout, or nothing loaded. Its ``run_config.yaml`` is read with the config reader."""
+    from omegaconf import OmegaConf
+
+    from bridge_freeze_plugin.config import BRIDGE, load_config, select
+    from bridge_freeze_plugin.stages import stage_check
+
+    section = select(checked.loaded.cfg, "checkpoint") if checked.layout.name == BRIDGE.name else None
+    if not isinstance(section, Mapping):
+        return None
+    target = checked.settings.provider_target
+    label = str(target.value).rpartition(".")[2] if target is not None and target.value else "this config"
+    return stage_check(section, selection,
+                       lambda path: OmegaConf.to_container(load_config(path)), label)

@@ -130,19 +130,23 @@ def _check(load: _Load, path: str, config: Any) -> None:
             logger.info("bridge-freeze: %s was saved with another selection (%s); its optimizer state is not loaded "
                         "(%s): this run starts a new stage from its weights", checkpoint, said, why_not)
         return
-    raise SelectionChangedError(_message(load, path, checkpoint, found, said), path=path, changes=found)
+    message = refusal_message(provider_label(load.provider), load.load_dir, path, found)
+    raise SelectionChangedError(message, path=path, changes=found)
 
 
-def _message(load: _Load, path: str, checkpoint: str, found: list[SelectionChange], said: str) -> str:
+def refusal_message(label: str, load_dir: str, path: str, found: list[SelectionChange]) -> str:
+    """Why a resume with optimizer state from the checkpoint whose ``run_config.yaml`` is ``path`` is refused, and
+    the two ways forward (the run's check and ``check-config``'s say the same)."""
+    checkpoint, said = str(Path(path).parent), "; ".join(change_text(c) for c in found)
     keep = ", ".join(f"{c.key}={value_text(c.saved)}" for c in found)
     return (
-        f"{provider_label(load.provider)}: this run resumes from {checkpoint} with its optimizer state "
-        f"(checkpoint.load={load.load_dir}, load_optim=true, finetune=false), but that checkpoint was saved with "
+        f"{label}: this run resumes from {checkpoint} with its optimizer state "
+        f"(checkpoint.load={load_dir}, load_optim=true, finetune=false), but that checkpoint was saved with "
         f"another selection: {said} (the checkpoint's selection is the model section of {path}; a flag it leaves "
         "out is false). Its optimizer state belongs to the parameters that selection trained: megatron-core would "
         "stop with a shape mismatch or, where the sizes agree, give one tensor's Adam moments to another without a "
         f"word. Either keep the checkpoint's selection ({keep}) to resume it, or start a new stage from its weights "
         "without its optimizer state: set checkpoint.load_optim=false (or checkpoint.finetune=true), or give it as "
-        f"checkpoint.pretrained_checkpoint={load.load_dir} with a new checkpoint.load and checkpoint.save "
+        f"checkpoint.pretrained_checkpoint={load_dir} with a new checkpoint.load and checkpoint.save "
         "(Bridge's finetune())."
     )
