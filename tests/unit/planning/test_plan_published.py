@@ -223,14 +223,31 @@ def test_kimi_k25_published_config_plans_offline_with_the_published_tensor_sizes
                        "vision_projection": projection}
 
 
+def _bridge_routes(folder: str) -> type:
+    """The provider class the installed Bridge's own conversion (``AutoBridge``) makes of a fixture's config (the
+    config read by plan's offline reader: the file is hub remote code)."""
+    from megatron.bridge import AutoBridge
+
+    from bridge_freeze_plugin.planning._model_choice import load_hf_config
+
+    hf_config, _ = load_hf_config(FIXTURES / folder / "config.json")
+    return type(AutoBridge.from_hf_config(hf_config).to_megatron_provider(load_weights=False))
+
+
 def test_nemotron_nano_v2_vl_config_plans_offline_with_each_part_counted_exactly(cpu_bridge):
     """Nemotron Nano V2 VL (``NemotronH_Nano_VL_V2``, hub remote code; the fixture is a reconstruction, each piece in
     its SOURCE), refused before: plan reads its ``llm_config`` with transformers' ``NemotronHConfig``. The language
     model is counted by transformers' NemotronHForCausalLM on the meta device (the checkpoint's
     ``language_model.backbone.*`` and ``language_model.lm_head``). transformers has no RADIO tower, so the vision
     side is counted term by term from the config's own fields: each term is one checkpoint tensor that Bridge's
-    NemotronVLBridge.mapping_registry maps (``vision_model.radio_model.model.*``, ``mlp1.*``)."""
+    NemotronVLBridge.mapping_registry maps (``vision_model.radio_model.model.*``, ``mlp1.*``).
+
+    Which provider builds it is Bridge's choice, asked here of the installed Bridge: since Bridge 012529a47 its
+    NemotronVLBridge sends a V2 config whose ``llm_config`` has ``n_routed_experts`` (transformers' NemotronHConfig
+    fills in 8 for this dense config) to the Omni provider, and the plan follows it as family nemotron_omni (no
+    sound config: no audio parts); before, to NemotronVLModelProvider, family nemotron_vl."""
     import torch
+    from megatron.bridge.models.nemotron_vl.nemotron_vl_provider import NemotronVLModelProvider
     from transformers import AutoConfig, NemotronHForCausalLM
 
     doc = json.loads((FIXTURES / "nemotron_vl" / "config.json").read_text())
@@ -238,14 +255,22 @@ def test_nemotron_nano_v2_vl_config_plans_offline_with_each_part_counted_exactly
     with torch.device("meta"):
         lm = NemotronHForCausalLM(AutoConfig.for_model("nemotron_h", **text))
 
-    # The class/register tokens (patch_generator.cls_token.token): 16 rows. Bridge's provider passes
-    # use_vision_backbone_fp8_arch=True, with which megatron-core's LLaVAModel builds RADIO's class tokens as 16
-    # rows (llava_model.py: class_token_len = 16), and Bridge copies the checkpoint tensor onto it one to one
-    # (AutoMapping), so a checkpoint Bridge imports holds 16 rows there too (Bridge documents importing this one;
-    # no tensor listing of it was found to confirm). Not a config field.
-    vision, projection = _radio_tower_and_mlp1(doc, class_token_rows=16)
-    assert _planned("nemotron_vl") == {"language_model": sum(p.numel() for p in lm.parameters()),
-                                       "vision_model": vision, "vision_projection": projection}
+    routed = _bridge_routes("nemotron_vl")
+    if issubclass(routed, NemotronVLModelProvider):
+        # The class/register tokens (patch_generator.cls_token.token): 16 rows. Bridge's provider passes
+        # use_vision_backbone_fp8_arch=True, with which megatron-core's LLaVAModel builds RADIO's class tokens as 16
+        # rows (llava_model.py: class_token_len = 16), and Bridge copies the checkpoint tensor onto it one to one
+        # (AutoMapping), so a checkpoint Bridge imports holds 16 rows there too (Bridge documents importing this
+        # one; no tensor listing of it was found to confirm). Not a config field.
+        family, class_token_rows = "nemotron_vl", 16
+    else:
+        # The Omni provider: NemotronOmniBridge.provider_bridge sets vision_class_token_len = 10 for every config
+        # it converts (C-RADIOv4-H's 4 teachers + 6 registers), this one too
+        assert routed.__name__ == "NemotronOmniModelProvider", routed
+        family, class_token_rows = "nemotron_omni", 10
+    vision, projection = _radio_tower_and_mlp1(doc, class_token_rows=class_token_rows)
+    assert _planned("nemotron_vl", family) == {"language_model": sum(p.numel() for p in lm.parameters()),
+                                               "vision_model": vision, "vision_projection": projection}
 
 
 def _radio_tower_and_mlp1(doc: dict, class_token_rows: int, video_frames: int = 0) -> tuple[int, int]:
