@@ -272,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
         out(json.dumps(document, indent=2, sort_keys=True))
     else:
         _print_table(result)
+        for line in planning.save_lines(planning.save_size(result), _human_bytes):
+            out(line)
         out(sync_line(result.sync, result.sync_unavailable))
         _print_ranks(result, args.gpu_memory)
     return EXIT_OK

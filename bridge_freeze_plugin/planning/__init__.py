@@ -4,7 +4,8 @@
 ``--hf-config``), :mod:`._config_checks` checks a ``config.json`` before anything is built, :mod:`._meta_build`
 builds the model on PyTorch's meta device with the selection applied by the plugin's own freeze, and
 :mod:`._estimate` turns the per-parameter records into per-part counts and the weight, gradient-buffer and
-optimizer-state bytes a training run holds and freezing saves; :mod:`._layout`, :mod:`._per_rank` and
+optimizer-state bytes a training run holds and freezing saves (:mod:`._save_size`: the bytes of one checkpoint
+save, full and trainable-only); :mod:`._layout`, :mod:`._per_rank` and
 :mod:`._activations` give what each GPU holds under a parallel layout (real per-rank builds) and an
 activation estimate per micro-batch; :mod:`._offline_configs` reads remote-code configs offline; :mod:`._sync_bytes`
 and :mod:`._sync_layout` size an RL weight sync.
@@ -34,6 +35,7 @@ from bridge_freeze_plugin.planning._model_choice import (
     tiny_provider,
 )
 from bridge_freeze_plugin.planning._per_rank import ActivationSettings, RankFigures
+from bridge_freeze_plugin.planning._save_size import SaveBytes, SaveSize, save_lines, save_size
 from bridge_freeze_plugin.planning._sync_bytes import describe as describe_sync
 
 __all__ = [
@@ -49,6 +51,8 @@ __all__ = [
     "PlanError",
     "PlanPart",
     "RankFigures",
+    "SaveBytes",
+    "SaveSize",
     "build_meta_model",
     "config_file",
     "describe_sync",
@@ -57,5 +61,7 @@ __all__ = [
     "make_plan",
     "plan_model",
     "resolve_model",
+    "save_lines",
+    "save_size",
     "tiny_provider",
 ]

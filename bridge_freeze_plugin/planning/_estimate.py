@@ -263,6 +263,9 @@ class Plan:
             out["layout"] = self.layout.as_dict()
             out["activation"] = self.activation
             out["per_rank"] = [r.as_dict() for r in self.per_rank]
+        from bridge_freeze_plugin.planning._save_size import save_size
+
+        out["checkpoint_save"] = save_size(self).as_dict()
         out["sync"] = None if self.sync is None else self.sync.as_dict()
         if self.sync is None and self.sync_unavailable:
             out["sync_unavailable"] = self.sync_unavailable
