@@ -62,13 +62,20 @@ def _spawning_names(path: str) -> set[str]:
     if path in _spawning_cache:
         return _spawning_cache[path]
     with open(path, encoding="utf-8") as handle:
-        source = handle.read()
-    tree = ast.parse(source)
-    calls: dict[str, set[str]] = {}
+        source = handle.read()  # universal newlines: "\n" ends every line, as the parser counts lines
     spawning: set[str] = set()
+    if not any(marker in source for marker in _SPAWN_CALLS):  # no function's text can hold one: nothing to parse
+        _spawning_cache[path] = spawning
+        return spawning
+    tree = ast.parse(source)
+    lines = source.split("\n")
+    calls: dict[str, set[str]] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            text = ast.get_source_segment(source, node) or ""
+            # the function's source segment (ast.get_source_segment, which re-splits the file at every call): a
+            # module-level def starts at column 0; its last line ends at end_col_offset (UTF-8 bytes)
+            last = lines[node.end_lineno - 1].encode()[: node.end_col_offset].decode()
+            text = "\n".join([*lines[node.lineno - 1: node.end_lineno - 1], last])
             calls[node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             calls[node.name] |= {a.arg for a in node.args.args}  # fixtures it asks for
             if any(marker in text for marker in _SPAWN_CALLS):
