@@ -37,13 +37,15 @@ from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 OMNI, GEMMA = "nemotron_omni", "gemma4_vl"
 
 #: family -> plugin flag -> the module prefix it covers (read off the Bridge model trees; the tests' own table).
+#: Nemotron Omni's are under ``llava_model.`` where the provider builds the LLaVA model (0.6.x, 0.7.0's legacy
+#: provider) and at the top level on 0.7.0's NemotronOmniModel: :func:`_parts` reads which off the model.
 PARTS: dict[str, dict[str, str]] = {
     OMNI: {
-        "freeze_language_model": "llava_model.language_model.",
-        "freeze_vision_model": "llava_model.vision_model.",
-        "freeze_vision_projection": "llava_model.vision_projection.",
-        "freeze_audio_model": "llava_model.sound_model.",
-        "freeze_audio_projection": "llava_model.sound_projection.",
+        "freeze_language_model": "language_model.",
+        "freeze_vision_model": "vision_model.",
+        "freeze_vision_projection": "vision_projection.",
+        "freeze_audio_model": "sound_model.",
+        "freeze_audio_projection": "sound_projection.",
     },
     GEMMA: {
         "freeze_language_model": "language_model.",
@@ -61,6 +63,12 @@ BRIDGE_FREEZE_KEYWORD: dict[str, dict[str, str]] = {
            "freeze_audio_projection": "freeze_sound_projection"},
     GEMMA: {f: f for f in FLAGS},
 }
+
+
+def _parts(family: str, model: torch.nn.Module) -> dict[str, str]:
+    """:data:`PARTS` of ``family`` as ``model`` names them (Nemotron Omni's LLaVA model: ``llava_model.`` first)."""
+    wrapped = family == OMNI and any(n.startswith("llava_model.") for n, _ in model.named_parameters())
+    return {flag: ("llava_model." if wrapped else "") + prefix for flag, prefix in PARTS[family].items()}
 
 
 def _bridge_frozen(model: torch.nn.Module, family: str, flag: str) -> set[str]:
@@ -95,10 +103,12 @@ def _model(request: pytest.FixtureRequest, family: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("family", [OMNI, GEMMA])
 def test_the_tiny_build_has_its_audio_modules(cpu_bridge, request, family):
-    names = [n for n, _ in _model(request, family).named_parameters()]
-    for flag, prefix in PARTS[family].items():
+    model = _model(request, family)
+    names = [n for n, _ in model.named_parameters()]
+    parts = _parts(family, model)
+    for flag, prefix in parts.items():
         assert any(n.startswith(prefix) for n in names), f"{family}: nothing under {prefix} ({flag})"
-    uncovered = [n for n in names if not n.startswith(tuple(PARTS[family].values()))]
+    uncovered = [n for n in names if not n.startswith(tuple(parts.values()))]
     assert uncovered == []
 
 
@@ -109,7 +119,7 @@ def test_each_flag_freezes_what_bridges_own_freeze_of_that_part_freezes(cpu_brid
     spec = get_family(family)
     expected = {flag: _bridge_frozen(model, family, flag) for flag in FLAGS}
     # Bridge's sets are the tests' module table, and a partition of the model: every parameter exactly once.
-    for flag, prefix in PARTS[family].items():
+    for flag, prefix in _parts(family, model).items():
         assert expected[flag] == {n for n in names if n.startswith(prefix)}, flag
     assert sum(len(s) for s in expected.values()) == len(names)
     assert set().union(*expected.values()) == names
@@ -132,9 +142,8 @@ def _omni_setup() -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Te
     inputs = nemotron_omni.forward_inputs(provider)
 
     def step_loss(m: torch.nn.Module) -> torch.Tensor:
-        with forward_patches(OMNI):
-            per_token, loss_mask = m(**inputs)
-            loss = (per_token * loss_mask).sum() / loss_mask.sum()
+        with forward_patches(OMNI):  # the loss as the provider's layout returns it (0.7.0: no mask beside it)
+            loss = nemotron_omni.omni_loss(m(**inputs), inputs)
             loss.backward()
         return loss
 
@@ -197,7 +206,7 @@ def test_a_few_steps_with_audio_change_exactly_the_trainable_parameters(cpu_brid
                 t.copy_(initial[n])
         model.zero_grad(set_to_none=True)
         apply_selection(model, spec, FreezeSelection(**flags))
-        frozen_prefixes = tuple(PARTS[family][f] for f, on in flags.items() if on)
+        frozen_prefixes = tuple(_parts(family, model)[f] for f, on in flags.items() if on)
         want_frozen = {n for n in names if n.startswith(frozen_prefixes)}
         with_grad = _train(model, step_loss, steps=2)
         params = dict(model.named_parameters())
@@ -230,7 +239,7 @@ def test_bridges_sound_field_on_the_omni_provider_is_the_plugins_audio_flag(cpu_
     assert FreezeSelection.from_object(provider) == FreezeSelection(**{plugin_flag: True})
     (chunk,) = build_tiny_chunks(OMNI, provider=provider)
     names = {n for n, _ in chunk.named_parameters()}
-    assert _frozen(chunk) == {n for n in names if n.startswith(PARTS[OMNI][plugin_flag])}
+    assert _frozen(chunk) == {n for n in names if n.startswith(_parts(OMNI, chunk)[plugin_flag])}
 
 
 #: Bridge's provider fields that are its own names of the plugin's flags (read off Bridge's providers: only

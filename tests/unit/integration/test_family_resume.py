@@ -162,9 +162,10 @@ MEGATRON_SIDE = {
     "kimi_k25_vl": (VISION_FROZEN, r"^vision_tower\.", True),
     # its Mamba layers on the harness's CPU scan (bridge_freeze_harness._mamba_cpu), through Bridge's llava_step
     "nemotron_vl": (VISION_FROZEN, r"^llava_model\.vision_model\.", False),
-    # the same, through Bridge's nemotron_omni_step, the sound encoder (conformer BatchNorm statistics) frozen too
+    # the same, through Bridge's nemotron_omni_step, the sound encoder (conformer BatchNorm statistics) frozen too;
+    # under llava_model. in the LLaVA model (0.6.x), at the top level of 0.7.0's NemotronOmniModel
     "nemotron_omni": (FreezeSelection(freeze_vision_model=True, freeze_audio_model=True),
-                      r"^llava_model\.(vision_model|sound_model)\.", True),
+                      r"^(llava_model\.)?(vision_model|sound_model)\.", True),
     # through the harness's Step-3.7 step (tiny/_step37_step.py: Bridge's step37_flickr8k_step calls the model the
     # same way, but on THD-packed sequences, which the CPU's local attention refuses: BSHD rows here)
     "step37": (VISION_FROZEN, r"^vision_model\.", True),
@@ -179,8 +180,14 @@ def _radio_cpe_eval(model: Any) -> Any:
     model's device); on a GPU that is the CUDA generator, which Bridge's resume restores (load_rng), on the CPU the
     harness cannot restore it (cpu_training.checkpoint_config): the crop is kept to its eval-mode choice here."""
     for chunk in model if isinstance(model, list) else [model]:
-        chunk.llava_model.vision_model.force_cpe_eval_mode = True
+        _parts_holder(chunk).vision_model.force_cpe_eval_mode = True
     return model
+
+
+def _parts_holder(chunk: Any) -> Any:
+    """The module holding the parts: the LLaVA model (``llava_model``), or the chunk itself (0.7.0's
+    NemotronOmniModel holds them at the top level)."""
+    return getattr(chunk, "llava_model", chunk)
 
 
 def _sound_dropout_off(model: Any) -> Any:
@@ -188,7 +195,7 @@ def _sound_dropout_off(model: Any) -> Any:
     on: the config's 0.1 defaults) draws its dropout from torch's generator, the CPU one here, which a CPU resume
     cannot restore (on a GPU the CUDA generator, restored by load_rng): set to 0, as hidden_dropout is."""
     for chunk in model if isinstance(model, list) else [model]:
-        for module in chunk.llava_model.sound_model.modules():
+        for module in _parts_holder(chunk).sound_model.modules():
             for field in ("dropout", "attention_dropout", "activation_dropout"):
                 if isinstance(getattr(module, field, None), float):
                     setattr(module, field, 0.0)

@@ -32,6 +32,8 @@ OMNI_PARTS = {**PARTS, "freeze_audio_model": "llava_model.sound_model.",
               "freeze_audio_projection": "llava_model.sound_projection."}
 #: The tiny pattern's one Mamba layer (layer 0) and the parameters megatron-core's MambaMixer owns.
 MIXER = "llava_model.language_model.decoder.layers.0.mixer."
+#: Bridge 0.7.0's NemotronOmniModel holds the same modules at the top level (no ``llava_model.``): :func:`_names`.
+_LLAVA = "llava_model."
 MIXER_PARAMS = {"A_log", "D", "conv1d_bias", "conv1d_weight", "dt_bias", "in_proj.layer_norm_weight",
                 "in_proj.weight", "norm.weight", "out_proj.weight"}
 IMAGE_TOKEN = 131072  # the image token id the provider's provide() hard-codes
@@ -99,6 +101,13 @@ def built(request, cpu_bridge):
     return request.param, provider, build_tiny_model(request.param, provider)
 
 
+def _names(model, table: dict[str, str], mixer: str) -> tuple[dict[str, str], str]:
+    """The table and the mixer's prefix as the model names them (the LLaVA model's, or top-level ones)."""
+    if any(n.startswith(_LLAVA) for n, _ in model.named_parameters()):
+        return table, mixer
+    return {flag: prefix.removeprefix(_LLAVA) for flag, prefix in table.items()}, mixer.removeprefix(_LLAVA)
+
+
 def _batch(family: str, provider) -> dict:
     if family == OMNI:
         from bridge_freeze_harness.tiny.nemotron_omni import forward_inputs
@@ -122,16 +131,17 @@ def test_a_forward_and_backward_through_mamba_gives_gradients_to_exactly_the_sel
     apply_selection(model, get_family(family), FreezeSelection(**{flag: True}))
     model.zero_grad(set_to_none=True)
     with forward_patches(family):
-        per_token, _ = model(**_batch(family, provider))
+        output = model(**_batch(family, provider))  # 0.7.0's NemotronOmniModel: the per-token loss alone
+        per_token = output[0] if isinstance(output, tuple) else output
         loss = per_token.float().mean()
         loss.backward()
     assert torch.isfinite(loss)
     names = [n for n, _ in model.named_parameters()]
-    assert {MIXER + p for p in MIXER_PARAMS} <= set(names)
-    parts = OMNI_PARTS if family == OMNI else PARTS
+    parts, mixer = _names(model, OMNI_PARTS if family == OMNI else PARTS, MIXER)
+    assert {mixer + p for p in MIXER_PARAMS} <= set(names)
     trained = tuple(prefix for f, prefix in parts.items() if f != flag)
     expected = {n for n in names if n.startswith(trained)}
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert set(grads) == expected
     if flag != "freeze_language_model":  # the Mamba mixer trains, and its scan's backward reaches every parameter
-        assert all(grads[MIXER + p].abs().sum() > 0 for p in MIXER_PARAMS)
+        assert all(grads[mixer + p].abs().sum() > 0 for p in MIXER_PARAMS)

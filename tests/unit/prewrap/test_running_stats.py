@@ -34,7 +34,13 @@ from bridge_freeze_plugin import FreezeSelection, apply_selection, get_family
 from bridge_freeze_plugin.request import INFO
 
 OMNI = "nemotron_omni"
-SOUND = "llava_model.sound_model."
+
+
+def _sound(model: torch.nn.Module) -> str:
+    """The sound encoder's prefix as the model names it: ``llava_model.sound_model.`` in the LLaVA model (0.6.x),
+    ``sound_model.`` at the top level of 0.7.0's NemotronOmniModel."""
+    wrapped = any(n.startswith("llava_model.") for n, _ in model.named_parameters())
+    return ("llava_model." if wrapped else "") + "sound_model."
 
 
 def _family(name: str) -> Any:
@@ -66,9 +72,8 @@ def _omni_forward(provider: Any) -> Any:
     inputs = nemotron_omni.forward_inputs(provider)
 
     def loss(m: torch.nn.Module) -> torch.Tensor:
-        with forward_patches(OMNI):
-            per_token, loss_mask = m(**inputs)
-            return (per_token * loss_mask).sum() / loss_mask.sum()
+        with forward_patches(OMNI):  # the loss as the provider's layout returns it (0.7.0: no mask beside it)
+            return nemotron_omni.omni_loss(m(**inputs), inputs)
 
     return loss
 
@@ -183,14 +188,15 @@ def _steps(model: torch.nn.Module, loss: Any, steps: int = 3) -> None:
                                     "freeze_vision_projection": True, "freeze_audio_model": True}])
 def test_a_frozen_omni_sound_encoder_is_bit_identical_after_training(cpu_bridge, flags):
     chunk, loss = _omni_chunk(**flags)
+    sound_prefix = _sound(chunk)
     stats = [n for n, _ in _stats_modules(chunk)]
-    assert stats and all(n.startswith(SOUND) for n in stats)
+    assert stats and all(n.startswith(sound_prefix) for n in stats)
     frozen = {n for n, p in chunk.named_parameters() if not p.requires_grad}
-    assert {n for n, _ in chunk.named_parameters() if n.startswith(SOUND)} <= frozen
+    assert {n for n, _ in chunk.named_parameters() if n.startswith(sound_prefix)} <= frozen
     state = {n: t.detach().clone() for n, t in chunk.state_dict().items() if isinstance(t, torch.Tensor)}
     _steps(chunk, loss)
     after = chunk.state_dict()
-    sound = {n for n in state if n.startswith(SOUND) and "_extra_state" not in n}
+    sound = {n for n in state if n.startswith(sound_prefix) and "_extra_state" not in n}
     assert {n for n in sound if n.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     assert sorted(n for n in sound if not torch.equal(state[n], after[n])) == []
     assert sorted(n for n in frozen if not torch.equal(state[n], after[n])) == []
@@ -199,7 +205,7 @@ def test_a_frozen_omni_sound_encoder_is_bit_identical_after_training(cpu_bridge,
 
 def test_a_trained_omni_sound_encoder_updates_its_statistics(cpu_bridge):
     chunk, loss = _omni_chunk(freeze_language_model=True)
-    before = {n: b.clone() for n, b in chunk.named_buffers() if n.startswith(SOUND) and "running_" in n}
+    before = {n: b.clone() for n, b in chunk.named_buffers() if n.startswith(_sound(chunk)) and "running_" in n}
     counts = [int(m.num_batches_tracked) for _, m in _stats_modules(chunk)]
     assert before
     _steps(chunk, loss, steps=2)
@@ -213,7 +219,7 @@ def test_the_rule_survives_a_deep_copy_pickling_and_a_checkpoint_load(cpu_bridge
     Megatron chunk holds process groups, which neither copies nor pickles) and a fresh build that loads the
     trained state keep the frozen statistics."""
     chunk, loss = _omni_chunk(freeze_audio_model=True)
-    encoder = chunk.llava_model.sound_model
+    encoder = chunk.get_submodule(_sound(chunk).rstrip("."))
     for copied in (copy.deepcopy(encoder), pickle.loads(pickle.dumps(encoder))):
         copied.train()
         for module_name, module in _stats_modules(copied):
@@ -222,7 +228,7 @@ def test_the_rule_survives_a_deep_copy_pickling_and_a_checkpoint_load(cpu_bridge
             assert all(torch.equal(b, before[n]) for n, b in module.named_buffers()), module_name
     fresh, _ = _omni_chunk(freeze_audio_model=True)
     fresh.load_state_dict(chunk.state_dict())
-    before = {n: b.clone() for n, b in fresh.named_buffers() if n.startswith(SOUND)}
+    before = {n: b.clone() for n, b in fresh.named_buffers() if n.startswith(_sound(fresh))}
     fresh.train()
     with torch.no_grad():
         loss(fresh)
