@@ -12,6 +12,7 @@ Bridge's installed source with ``ast`` (no plugin code): never computed by the c
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from pathlib import Path
 
@@ -46,16 +47,21 @@ def check_json(capsys, *args: str) -> dict:
     return doc
 
 
+@functools.cache
+def _provider_classes() -> tuple[ast.ClassDef, ...]:
+    """The classes of Bridge's installed ``*_provider.py`` sources (ast), parsed once per session, not per call."""
+    return tuple(node for path in (BRIDGE_SOURCE / "models").rglob("*_provider.py")
+                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.ClassDef))
+
+
 def declared_freeze_fields() -> dict[str, set[str]]:
     """``freeze_*`` field name -> the classes of Bridge's installed source that declare it (read with ast)."""
     found: dict[str, set[str]] = {}
-    for path in (BRIDGE_SOURCE / "models").rglob("*_provider.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef):
-                for statement in node.body:
-                    if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                            and statement.target.id.startswith("freeze_")):
-                        found.setdefault(statement.target.id, set()).add(node.name)
+    for node in _provider_classes():
+        for statement in node.body:
+            if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                    and statement.target.id.startswith("freeze_")):
+                found.setdefault(statement.target.id, set()).add(node.name)
     return found
 
 
@@ -63,10 +69,8 @@ def provider_lineage(name: str) -> set[str]:
     """``name`` and the classes it derives from, as Bridge's installed ``*_provider.py`` sources write them (ast;
     0.7.0 declares Nemotron Omni's sound fields on ``_NemotronOmniModelProviderBase``, a base of the provider)."""
     bases: dict[str, set[str]] = {}
-    for path in (BRIDGE_SOURCE / "models").rglob("*_provider.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef):
-                bases.setdefault(node.name, set()).update(b.id for b in node.bases if isinstance(b, ast.Name))
+    for node in _provider_classes():
+        bases.setdefault(node.name, set()).update(b.id for b in node.bases if isinstance(b, ast.Name))
     lineage, todo = set(), [name]
     while todo:
         current = todo.pop()
