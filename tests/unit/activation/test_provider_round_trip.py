@@ -10,6 +10,7 @@ plugin also loads without it (Bridge's lenient ``instantiate`` drops the keys, w
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,12 @@ import pytest
 import bridge_freeze_plugin as bfp
 from bridge_freeze_harness.tiny import TINY_FAMILIES, build_tiny_chunks, make_provider
 from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS
+
+
+def _lane_path() -> dict[str, str]:
+    """The caller's PYTHONPATH, where it has one: the fresh interpreter runs the Bridge this test wrote with (the
+    compatibility lane's side folder shadows the venv's; without it the child met the venv's 0.6.2)."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
 
 
 def _round_trip(provider):
@@ -87,7 +94,7 @@ def test_a_run_config_written_with_the_plugin_loads_without_it(cpu_bridge, tmp_p
         assert not hasattr(loaded, "train_patterns"), "the plugin must not be loaded here"
         print("LOADED", type(loaded).__name__)
     """)
-    env = {"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **_lane_path()}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LOADED Qwen3VLModelProvider" in done.stdout
@@ -142,7 +149,7 @@ def test_a_conversion_cache_written_with_the_plugin_loads_strictly_without_it(cp
             assert not hasattr(loaded.model, "train_patterns"), "the plugin must not be loaded here"
             print("LOADED", type(loaded.model).__name__)
     """)
-    env = {"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"BRIDGE_FREEZE_DISABLE_AUTOLOAD": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **_lane_path()}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
