@@ -69,7 +69,13 @@ from bridge_freeze_plugin.prewrap import (
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.registry import REGISTRY
 from bridge_freeze_plugin.request import FreezeSelection
-from bridge_freeze_plugin.stages import LOAD_FROM_PATH
+from bridge_freeze_plugin.stages import (
+    CHECKPOINTING,
+    CONFIG_CONTAINER,
+    LOAD_FROM_PATH,
+    install_checkpoint_steps,
+    install_config_step,
+)
 
 logger = logging.getLogger("bridge_freeze_plugin")
 
@@ -102,6 +108,9 @@ def activate() -> None:
     for module in SETUP_OPTIMIZER_MODULES:
         POST_IMPORT.watch(module, check_part_learning_rates)
     POST_IMPORT.watch(LOAD_FROM_PATH[0], check_resume_selection)  # a resume's selection against its checkpoint's
+    # save_trainable_only: cfg.peft before setup(); each save records its base, each load checks it (after the above)
+    POST_IMPORT.watch(CONFIG_CONTAINER[0], install_config_step)
+    POST_IMPORT.watch(CHECKPOINTING, install_checkpoint_steps)
     on_training_build(arm)  # the run-time audit arms after each build for training
     POST_IMPORT.watch(FINALIZE[0], install_audit_seam)
     if _BRIDGE in sys.modules:  # imported, or finishing its import (the autoload hook runs then)

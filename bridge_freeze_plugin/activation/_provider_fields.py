@@ -2,8 +2,8 @@
 
 The plugin reads from a provider every flag of the vocabulary (:mod:`.parts`; Bridge's own fields where Bridge
 declares them: the vision-language flags on a VLM provider, ``freeze_audio_model`` on Qwen2-Audio...) and
-:data:`PLUGIN_FIELDS`: the train / freeze patterns, ``full_recompute_policy`` and the run-time audit's
-``audit_steps`` / ``audit_strict``. A flag the class does not
+:data:`PLUGIN_FIELDS`: the train / freeze patterns, ``full_recompute_policy``, the run-time audit's
+``audit_steps`` / ``audit_strict`` and ``save_trainable_only`` (checkpoints of what trains). A flag the class does not
 declare is added as a field too (:data:`FLAG_FIELDS`; its class attribute, the flag descriptor, is left alone).
 Whatever it reads must round-trip through everything Bridge
 does with a provider: ``dataclasses.fields`` / ``asdict`` / ``replace``, ``ConfigContainer.to_cfg_dict`` ->
@@ -42,6 +42,9 @@ class PluginFields:
     #: the run-time audit: how many optimizer steps (0: off), and whether a trainable tensor without gradient raises
     audit_steps: int = DEFAULT_STEPS
     audit_strict: bool = False
+    #: checkpoints keep only the trainable parameters (and their optimizer state), the frozen base coming from
+    #: ``checkpoint.pretrained_checkpoint``, as a PEFT run's do (:mod:`bridge_freeze_plugin.stages`)
+    save_trainable_only: bool = False
 
 
 #: name -> the dataclass Field (shared, never mutated) and its default.

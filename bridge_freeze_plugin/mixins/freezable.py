@@ -203,12 +203,12 @@ def __getattr__(name: str) -> Any:
 
 
 #: The plugin's classes a Bridge ``run_config.yaml`` may name as ``_target_``: these freezable subclasses, and
-#: the per-part learning-rate provider (``optimizer_config_override_provider``).
+#: the per-part learning-rate provider (``optimizer_config_override_provider``) and ``save_trainable_only``'s PEFT.
 #: The modules where earlier versions kept these subclasses (a saved ``run_config.yaml`` may name them): each
 #: forwards every name here.
 FORMER_MODULES = ("bridge_freeze_plugin.mixins.generated", "bridge_freeze_plugin.activation.freezable")
 ALLOWED_TARGET_PREFIXES = (__name__ + ".", *(f"{module}." for module in FORMER_MODULES),
-                           "bridge_freeze_plugin.optim.bridge.")
+                           "bridge_freeze_plugin.optim.bridge.", "bridge_freeze_plugin.stages.bridge.")
 
 
 def _allow_in_bridge_targets(module: Any) -> None:

@@ -211,9 +211,10 @@ TESTS = PACKAGE.parent / "tests"
 #: The design's registry home and the former validation module (one line forwarding to config's face) stand there too.
 TOP_LEVEL = {"__init__.py", "errors.py", "ranks.py", "registry.py", "validation.py"}
 #: mixins/freezable.py holds the classes whose path Bridge writes as ``_target_``; mixins/generated.py and
-#: activation/freezable.py are the paths earlier versions wrote, forwarding to it.
+#: activation/freezable.py are the paths earlier versions wrote, forwarding to it; optim/bridge.py and
+#: stages/bridge.py hold classes a Bridge config names as ``_target_`` too.
 PUBLIC_BEHIND_FACE = {"cli/__main__.py", "mixins/freezable.py", "mixins/generated.py", "activation/freezable.py",
-                      "optim/bridge.py"}
+                      "optim/bridge.py", "stages/bridge.py"}
 FAMILY_DATA = ("FAMILIES", "UNSUPPORTED_PROVIDERS")  # what a public module of families/ defines (data only)
 
 
