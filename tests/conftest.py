@@ -112,6 +112,14 @@ FORKSERVER_FILES = frozenset({
     "test_refit_info.py", "test_trainable_sync.py", "test_audit_distributed.py",
 })
 
+#: The files of ``make test-fast``'s subset (no ``bridge`` / ``spawns`` / ``slow`` test) whose tests import
+#: megatron-core, Megatron-Bridge or transformers (check-config's build rules, its LoRA try on a plain Linear, plan's
+#: HF config reading; measured 2026-12-07 by wrapping ``__import__``): one scheduling unit too, so that one worker
+#: pays those imports (about 6 CPU-seconds for megatron-core, 5 more for Bridge), not both.
+BRIDGE_IMPORTING_FAST_FILES = frozenset({
+    "test_skyrl_agreement.py", "test_plan_inputs.py", "test_check_config_build_rules.py", "test_training_state.py",
+})
+
 try:
     from xdist.scheduler import LoadFileScheduling
 except ImportError:  # pytest-xdist not installed: one process, nothing to schedule
@@ -120,11 +128,15 @@ except ImportError:  # pytest-xdist not installed: one process, nothing to sched
 if LoadFileScheduling is not None:
 
     class _ForkserverFilesTogether(LoadFileScheduling):
-        """``--dist loadfile``, with :data:`FORKSERVER_FILES` as one unit (handed out when test_cli's turn comes)."""
+        """``--dist loadfile``, with :data:`FORKSERVER_FILES` as one unit (handed out when test_cli's turn comes), and
+        :data:`BRIDGE_IMPORTING_FAST_FILES` as another."""
 
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return "forkserver files" if scope.rsplit("/", 1)[-1] in FORKSERVER_FILES else scope
+            name = scope.rsplit("/", 1)[-1]
+            if name in FORKSERVER_FILES:
+                return "forkserver files"
+            return "files importing Bridge" if name in BRIDGE_IMPORTING_FAST_FILES else scope
 
     def pytest_xdist_make_scheduler(config, log):
         if config.getoption("dist") == "loadfile":
