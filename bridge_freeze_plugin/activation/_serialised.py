@@ -8,9 +8,11 @@ NeMo-RL read its conversion cache with ``ConfigContainer.from_yaml(path, mode=In
 raises ``InstantiationException: Unexpected config keys``. So the serialiser is wrapped to leave out what a run
 without the plugin would not have written and a run with it does not need: a plugin field holding its default
 (the patterns empty, ``full_recompute_policy: fix``, ``vision_recompute_policy: null``, the audit's defaults) and a
-flag the provider's own class does not declare, while false. What is set is written (a pattern, a policy, a flag
-true): it is what the run asked for, and a load that drops it would train another set. Bridge's own fields (a
-flag its class declares) are written as Bridge writes them.
+flag the provider's own class does not declare, while false; and ``cfg.peft`` when it is the ``TrainableOnlyPEFT``
+that ``save_trainable_only`` set (``peft: null``: the model section's ``save_trainable_only: true`` sets it again when
+the config is validated; check-config and Bridge's adapter tools see no PEFT). What is set is written (a pattern, a
+policy, a flag true): it is what the run asked for, and a load that drops it would train another set. Bridge's own
+fields (a flag its class declares) are written as Bridge writes them.
 
 Reading. NeMo-RL (before July 2026) loaded that cache with megatron-core's ``ConfigContainer.from_yaml``, which
 reads the file itself and instantiates the whole container, not through Bridge's ``read_run_config`` /
@@ -28,6 +30,7 @@ from typing import Any
 from bridge_freeze_plugin.activation._provider_fields import PLUGIN_FIELDS
 from bridge_freeze_plugin.prewrap import STATE, declared_default, keeps, loading_container, reading_file
 from bridge_freeze_plugin.request import FLAGS
+from bridge_freeze_plugin.stages import is_trainable_only_peft
 
 #: Bridge's serialiser of configs (``ConfigContainer`` and every nested config go through it), as (module, class).
 SERIALISER = ("megatron.bridge.training.utils.config_utils", "_ConfigContainerBase")
@@ -63,6 +66,8 @@ def _leaving_unset_out(convert: Callable[..., Any]) -> Callable[..., Any]:
 
     @keeps(convert)
     def _convert_value_to_dict(cls: Any, value: Any) -> Any:
+        if is_trainable_only_peft(value):  # what save_trainable_only set: the config the user wrote had no PEFT
+            return None
         result = convert(cls, value)
         if isinstance(result, dict) and _has_plugin_fields(value):
             for name in unset_plugin_fields(value):

@@ -73,6 +73,13 @@ def trainable_only(provider: Any) -> bool:
     return value
 
 
+def is_trainable_only_peft(value: Any) -> bool:
+    """Whether ``value`` is the :class:`TrainableOnlyPEFT` the config step set (Bridge not imported)."""
+    from bridge_freeze_plugin.stages.bridge import MARK
+
+    return getattr(type(value), MARK, False) is True
+
+
 def prepare_config(cfg: Any) -> None:
     """The config step: refuse a missing base; give a freeze run without PEFT the :class:`TrainableOnlyPEFT`."""
     if not trainable_only(cfg.model):

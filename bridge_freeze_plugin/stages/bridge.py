@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 _NAME = "TrainableOnlyPEFT"
+#: The class attribute that tells it (and a subclass) apart without importing Bridge.
+MARK = "__bridge_freeze_trainable_only_peft__"
 _LOCK = threading.Lock()
 
 
@@ -47,6 +49,7 @@ def _make() -> type:
             return key in self.params_to_save
 
     TrainableOnlyPEFT.__qualname__ = _NAME
+    setattr(TrainableOnlyPEFT, MARK, True)
     return TrainableOnlyPEFT
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from _shared import PROJECTION_ONLY, QWEN3_PROJECTION
 
 import bridge_freeze_plugin  # noqa: F401  (the plugin active, as in a user's job)
@@ -112,6 +113,8 @@ def test_a_trainable_only_save_holds_the_projection_and_its_optimizer_state(runs
     saved_full, saved_only = _bytes(iteration_dir(full_dir, 4)), _bytes(iteration_dir(only_dir, 4))
     assert saved_full - saved_only >= frozen_bytes  # every frozen tensor left out (the record file is small)
     assert (iteration_dir(only_dir, 2) / SIDECAR).is_file() and not (iteration_dir(full_dir, 2) / SIDECAR).exists()
+    saved = yaml.safe_load((iteration_dir(only_dir, 4) / "run_config.yaml").read_text())
+    assert saved["model"]["save_trainable_only"] is True and saved["peft"] is None  # as the user's config wrote it
 
 
 def _same(a: Any, b: Any) -> bool:
