@@ -34,6 +34,8 @@ from bridge_freeze_plugin.errors import ConfigLoadError
 ENV = "BRIDGE_FREEZE_SKYRL_FIELDS"
 #: The listing committed with the plugin (regenerate: ``python scripts/gen_skyrl_fields.py``).
 COMMITTED = Path(__file__).with_name("skyrl_fields.json")
+#: The free mapping of ``MegatronConfig`` that SkyRL's worker sets, item by item, on the model provider.
+KWARGS = "transformer_config_kwargs"
 #: layout name -> (module, class) of the root config class SkyRL's loader builds for it.
 ROOTS: Mapping[str, tuple[str, str]] = {
     "rl": ("skyrl.train.config.config", "SkyRLTrainConfig"),

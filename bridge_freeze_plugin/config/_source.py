@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -92,14 +93,36 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
     """The layout: detected from the config, weighing all its evidence; ``forced`` must not contradict the file.
 
     A forced layout is refused when the file has keys that decide another layout and none that decide it, and
-    when any ``freeze_*`` key of the file is one it reads nowhere (:func:`~.reading.unread_freeze_keys`: a
-    foreign config's settings); whatever evidence it outweighs is said in the reason.
+    when any ``freeze_*`` key of the file is one it reads nowhere (:func:`._misplaced.unread_freeze_keys`: a
+    foreign config's settings); whatever evidence it outweighs is said in the reason. A SkyRL layout is then read
+    as the SkyRL here reads the config (its loader's refusals raise: :func:`._skyrl.adapt`).
     """
+    what = _what(loaded)
     top = OmegaConf.to_container(loaded.cfg, resolve=False)
     assert isinstance(top, dict)
     if forced is None:
-        layout, why = layouts.detect(top, _what(loaded))
-        return _as_skyrl_reads(loaded, layout, f"detected: {why}")
+        layout, why = layouts.detect(top, what)
+        reason = f"detected: {why}"
+    else:
+        layout, reason = _forced(top, forced, what)
+    layout, checked = adapt(loaded.cfg, layout, loaded.overrides)
+    if forced is not None:
+        with resolvers(layout):
+            unread = unread_freeze_keys(loaded.cfg, layout)
+        if unread:
+            shown = ", ".join(unread[:_SHOWN]) + (f" and {len(unread) - _SHOWN} more" if len(unread) > _SHOWN else "")
+            raise ConfigLoadError(
+                f"{what} has freeze settings the {layout.title} layout asked for does not read: {shown}. A forced "
+                f"layout never reads a foreign config silently: these belong to another trainer's config (or to "
+                f"none), and a run in that layout would ignore them. Drop the layout option (the layout is "
+                f"detected), or remove them"
+            )
+    return layout, reason if checked is None else f"{reason}; {checked}"
+
+
+def _forced(top: dict[str, Any], forced: str, what: str) -> tuple[Layout, str]:
+    """The layout named ``forced``, and the reason with what it overrules; refused when the file has keys that
+    decide another layout and none that decide it."""
     layout = layouts.get(forced)
     found = layouts.evidence(top)
     own = found.get(layout.name)
@@ -107,33 +130,16 @@ def choose_layout(loaded: LoadedConfig, forced: str | None = None) -> tuple[Layo
     if deciding and (own is None or not own.decides):
         seen = deciding[0]
         raise ConfigLoadError(
-            f"{_what(loaded)} is written in the {seen.layout.title} layout ({seen.why()}), not the {layout.title} "
+            f"{what} is written in the {seen.layout.title} layout ({seen.why()}), not the {layout.title} "
             f"layout asked for; the {layout.title} keys ({layout.homes.flags}...) would read nothing. Drop the layout "
             f"option (it is detected), or give a {layout.title} config"
-        )
-    layout, checked = adapt(loaded.cfg, layout, loaded.overrides)
-    with resolvers(layout):
-        unread = unread_freeze_keys(loaded.cfg, layout)
-    if unread:
-        shown = ", ".join(unread[:_SHOWN]) + (f" and {len(unread) - _SHOWN} more" if len(unread) > _SHOWN else "")
-        raise ConfigLoadError(
-            f"{_what(loaded)} has freeze settings the {layout.title} layout asked for does not read: {shown}. A "
-            f"forced layout never reads a foreign config silently: these belong to another trainer's config (or to "
-            f"none), and a run in that layout would ignore them. Drop the layout option (the layout is detected), "
-            f"or remove them"
         )
     others = [e for e in found.values() if e.layout.name != layout.name]
     reason = "forced with --layout" + (f" (the file agrees: {own.why()})" if own is not None else "")
     if others:
         reason += "; conflicting evidence, overruled: " + "; ".join(
             f"{e.why()} suggests the {e.layout.title} layout" for e in others)
-    return layout, reason if checked is None else f"{reason}; {checked}"
-
-
-def _as_skyrl_reads(loaded: LoadedConfig, layout: Layout, reason: str) -> tuple[Layout, str]:
-    """A SkyRL layout as the SkyRL here reads the config (its loader's refusals raise: :func:`._skyrl.adapt`)."""
-    adapted, checked = adapt(loaded.cfg, layout, loaded.overrides)
-    return adapted, reason if checked is None else f"{reason}; {checked}"
+    return layout, reason
 
 
 def with_layout(loaded: LoadedConfig, layout: Layout, reason: str) -> LoadedConfig:
