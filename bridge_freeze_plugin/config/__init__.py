@@ -1,29 +1,28 @@
 """Configuration: reading a training config and checking the freeze rules on it, before anything is built.
 
-- :mod:`._yaml_overrides`, :mod:`._yaml_files`: ``key=value`` overrides and YAML files, each value with where it
-  came from;
-- :mod:`._compose`: defaults lists (Hydra / NeMo-RL style composition);
-- :mod:`._source`: the effective config and the layout it is read with;
-- :mod:`._layouts`: the :class:`Layout` record, made of one record per job (:mod:`._layout_records`: where the
-  plugin's keys live, :class:`Homes`; the model's, LoRA's, the strategy's and recompute's, the learning rates'
-  keys; what the trainer does with a config, :class:`TrainerFacts`); each trainer's layout as data, one module
-  each (:mod:`._layout_sft_rl`, :mod:`._layout_bridge`, :mod:`._layout_nemorl`); :mod:`._layout_detect`: the
-  layouts by name, and which one a file is;
-- :mod:`._skyrl_fields`, :mod:`._skyrl`: SkyRL's config classes (installed, else a committed listing), what its
-  loader refuses, and where its Megatron worker reads the flags (``transformer_config_kwargs``);
-- :mod:`._yaml_tags`: YAML loaders that read SkyRL's dumped enum tags as values;
-- :mod:`._reading`: the settings the rules need (flags, patterns, LoRA, learning rates), each with its source, read
-  into :class:`RunSettings` (:mod:`._run_settings`: grouped by job, :class:`SelectionSources`,
-  :class:`RunSwitches`, :class:`LoraRead`, :class:`RateSettings`) by job: values and their sources
-  (:mod:`._values`), the flags and patterns (:mod:`._flags`), keys written where they are not read
-  (:mod:`._misplaced`), the other settings (:mod:`._setting_readers`);
-- :mod:`._conversion_cache`, :mod:`._saved_provider`: NeMo-RL's conversion cache (the provider a run builds from)
-  and the flag values it holds for the flags a config does not write;
-- :mod:`._family`: the config's family (``_target_``, model path or name), without importing a config's code;
-- :mod:`._rules`: the freeze rules over those settings; :mod:`._lora_rules`: the LoRA rules (and
-  :mod:`._lora_targets`: which plain ``torch.nn.Linear`` modules a LoRA target reaches); :mod:`._checks`: the
-  check, stage by stage (config rules, provider and family, LoRA rules, full recompute);
-- :mod:`._validation`: the entry points (:func:`validate_config`, :func:`load_run`...).
+Reading one config (:func:`load_run`) is a pipeline of stages; each calls down into helpers of its own and into
+one layer below them all (the values: :mod:`._values`, :mod:`._yaml_overrides`):
+
+1. the file (:mod:`._source`: :func:`load`): YAML files and ``key=value`` overrides, each value with where it came
+   from (:mod:`._yaml_files`, :mod:`._yaml_overrides`), defaults lists composed (:mod:`._compose`);
+2. the layout (:mod:`._source`: :func:`choose_layout`, :func:`with_layout`): detected or forced
+   (:mod:`._layout_detect`: the layouts by name, and which one a file is), a SkyRL layout as the SkyRL here reads
+   it (:mod:`._skyrl`, what its loader refuses: :mod:`._skyrl_loader`, its classes: :mod:`._skyrl_fields`;
+   :mod:`._yaml_tags`: its dumped enum tags), then the layout's defaults. The layouts are data: the
+   :class:`Layout` record (:mod:`._layouts`), made of one record per job (:mod:`._layout_records`), and one table
+   per trainer (:mod:`._layout_sft_rl`, :mod:`._layout_bridge`, :mod:`._layout_nemorl`);
+3. the family (:mod:`._family`): the caller's, a local checkpoint's ``model_type``, a guess from the name, or the
+   provider class, without importing a config's code;
+4. the reading (:mod:`._reading`: :func:`read_settings`) into :class:`RunSettings` (:mod:`._run_settings`): one
+   survey of the keys (:mod:`._misplaced`: keys written where they are not read), the sections read in one place,
+   the flags and patterns (:mod:`._flags`), the settings next to them (:mod:`._setting_readers`);
+5. the provider's defaults (:mod:`._provider_defaults`): the flags a config does not write, as the provider keeps
+   them, fresh or saved (:mod:`._conversion_cache`: NeMo-RL's conversion cache).
+
+Then the rules: :mod:`._rules` (the freeze rules), :mod:`._lora_rules` (and :mod:`._lora_targets`: which plain
+``torch.nn.Linear`` modules a LoRA target reaches), :mod:`._recompute_rules`; :mod:`._checks`: the check, stage by
+stage (config rules, provider and family, LoRA rules, full recompute); :mod:`._validation`: the entry points
+(:func:`validate_config`, :func:`load_run`...).
 
 Importing this package imports OmegaConf (the plugin's top level imports it lazily, on first use).
 """

@@ -1,4 +1,5 @@
-"""Which model family a config is for: a local checkpoint's ``model_type``, or a provider class path."""
+"""Which model family a config is for: the caller's, a local checkpoint's ``model_type``, a guess from the model's
+name, or a provider class path (:func:`config_family`: the reading's family stage)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,45 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._values import select
 from bridge_freeze_plugin.errors import UnknownFamilyError
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.registry import REGISTRY
 
 logger = logging.getLogger("bridge_freeze_plugin")
+
+
+def family_arg(family: FamilySpec | str | None) -> FamilySpec | None:
+    """``family`` as a :class:`FamilySpec` (a family name or a provider class name, looked up in the registry)."""
+    if family is None or isinstance(family, FamilySpec):
+        return family
+    return REGISTRY.find(family)
+
+
+def config_family(cfg: Any, layout: Layout, family: FamilySpec | str | None) -> tuple[FamilySpec | None, str | None]:
+    """The config's family and how it was found: ``family`` (named by the caller), else the model path's
+    ``config.json`` (``model_type``), else a guess from the model's name where the layout allows one, else the
+    provider class (``_target_``); ``(None, None)`` when nothing names one."""
+    try:
+        target = select(cfg, layout.model.provider_target) if layout.model.provider_target else None
+    except Exception:  # noqa: BLE001 - a malformed target is reported by the reading; here it only names no family
+        target = None
+    resolved, source = family_arg(family), "named by the caller"
+    if resolved is None and layout.model.path is not None:
+        model_path = select(cfg, layout.model.path)
+        resolved = family_from_model_path(model_path) if isinstance(model_path, str) else None
+        source = f"{layout.model.path}'s config.json (model_type)"
+        if resolved is None and layout.model.family_from_name and isinstance(model_path, str):
+            resolved = family_from_name(model_path)
+            source = (f"{layout.model.path}={model_path}: a guess from the name (no local config.json to read; "
+                      "--family NAME to be sure)")
+    if resolved is None and target is not None:
+        resolved = family_from_target(str(target))
+        source = f"{layout.model.provider_target} (the provider class)"
+    return resolved, source if resolved is not None else None
 
 
 def family_from_model_path(path: str | os.PathLike[str] | None) -> FamilySpec | None:
@@ -65,25 +99,6 @@ def family_from_name(name: str | None) -> FamilySpec | None:
         return None
     top = best[max(best)]
     return families[next(iter(top))] if len(top) == 1 else None
-
-
-def provider_flag_defaults(family: FamilySpec | None) -> tuple[str, tuple[str, ...]] | None:
-    """(provider class name, the freeze flags it defaults to true), as ``family`` declares them
-    (``FamilySpec.provider_flag_defaults``), or ``None``. A trainer that passes only the flags a config writes
-    (NeMo-RL) leaves these on."""
-    if family is None or not family.provider_flag_defaults:
-        return None
-    return family.providers[0].rpartition(":")[2], family.provider_flag_defaults
-
-
-def flag_defaults_sentence() -> str:
-    """``"Qwen3VLMoEModelProvider (language model and vision encoder true)"``: every registered family's provider
-    whose freeze flags default to true, as a message names them (``"none"`` when no family declares any)."""
-    from bridge_freeze_plugin.request import FLAG_PARTS, label
-
-    found = [provider_flag_defaults(f) for f in REGISTRY]
-    return ", ".join(f"{cls} ({' and '.join(label(FLAG_PARTS[flag]) for flag in flags)} true)"
-                     for cls, flags in filter(None, found)) or "none"
 
 
 #: The only modules a config's ``_target_`` may make this process import: Megatron-Bridge's own (its providers).

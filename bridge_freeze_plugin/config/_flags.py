@@ -1,5 +1,6 @@
-"""The flags, their aliases and the pattern keys of a section: each key checked (a flag that is not a boolean, a
-key that looks like a misspelt flag), then read as a :class:`~bridge_freeze_plugin.request.FreezeSelection`.
+"""The reading's selection stage: the flags, their aliases and the pattern keys of each home section, each key
+checked (a flag that is not a boolean, a key that looks like a misspelt flag), then read as a
+:class:`~bridge_freeze_plugin.request.FreezeSelection` with where it was read (:func:`read_plugin_keys`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridge_freeze_plugin.config._layout_detect import PLUGIN_KEYS
-from bridge_freeze_plugin.config._values import as_yaml, join_problems, plain
+from bridge_freeze_plugin.config._layouts import Layout
+from bridge_freeze_plugin.config._run_settings import SelectionSources
+from bridge_freeze_plugin.config._values import Sections, as_yaml, join_problems, plain
 from bridge_freeze_plugin.config._yaml_overrides import brief
 from bridge_freeze_plugin.errors import FreezeFlagTypeError, InvalidFreezeConfigError, InvalidPatternError
 from bridge_freeze_plugin.optim import LR_KEYS, looks_like_lr_key
@@ -69,14 +72,46 @@ def read_selection(
     rejected with the closest flag. With ``known`` (a layout's other ``freeze_*`` settings), any other
     ``freeze_*`` key is rejected too. Other keys are ignored. A missing flag means ``false``.
     """
-    values = checked_section(section, where, known)
-    return selection_from_sections({where: values}, {key: where for key in PLUGIN_KEYS})
+    return _selection_of(None if section is None else plain(section, where), where, known)
 
 
-def checked_section(section: Mapping[str, Any] | None, where: str, known: frozenset[str] | None,
+def read_plugin_keys(sections: Sections, layout: Layout) -> tuple[FreezeSelection, SelectionSources,
+                                                                  Mapping[str, Any]]:
+    """The policy's selection from the plugin keys' home sections (each checked), where it was read (the plugin
+    keys, Bridge's names of a flag, the reference model's flags, read and checked too), and the flags' section."""
+    homes = {key: layout.homes.home(key) for key in PLUGIN_KEYS}
+    checked = {}
+    for home in layout.homes.plugin_homes:
+        known = layout.homes.own_keys(home)
+        checked[home] = _checked_section(sections[home], home, known or frozenset(), layout.homes.refused_here(home),
+                                         any_own=known is None)
+    selection = _selection_from_sections(checked, {**homes, **{a: layout.homes.alias_home(a) for a in ALIASES}},
+                                        saved=layout.homes.saves_every_field)
+    ref = layout.homes.reference_flags
+    reference = None if ref is None else _selection_of(sections[ref], ref, layout.homes.own_keys(ref) or frozenset())
+    sources = SelectionSources(
+        flags_key=layout.homes.flags,
+        flag_keys={key: f"{home}.{key}" for key, home in homes.items() if home != layout.homes.flags},
+        alias_keys={flag: tuple(f"{layout.homes.alias_home(a)}.{a}" for a, f in ALIASES.items() if f == flag)
+                    for flag in FLAGS},
+        aliases_written=tuple(f"{layout.homes.alias_home(a)}.{a}" for a in ALIASES
+                              if a in checked.get(layout.homes.alias_home(a), {})),
+        foreign_alias=layout.homes.foreign_alias,
+        reference=reference,
+        reference_key=ref,
+    )
+    return selection, sources, checked[layout.homes.flags]
+
+
+def _selection_of(section: Mapping[str, Any] | None, where: str, known: frozenset[str] | None) -> FreezeSelection:
+    values = _checked_section(section, where, known)
+    return _selection_from_sections({where: values}, {key: where for key in PLUGIN_KEYS})
+
+
+def _checked_section(section: Mapping[str, Any] | None, where: str, known: frozenset[str] | None,
                      refused: Mapping[str, str] | None = None, any_own: bool = False) -> Mapping[str, Any]:
-    """``section`` as plain Python, every key checked (:func:`_flag_problem`); raises for the first problems."""
-    section = {} if section is None else plain(section, where)
+    """``section`` (plain Python), every key checked (:func:`_flag_problem`); raises for the first problems."""
+    section = {} if section is None else section
     if not isinstance(section, Mapping):
         raise InvalidFreezeConfigError(f"{where} must be a mapping of settings, got {section!r}")
     problems = [p for k, v in section.items()
@@ -87,7 +122,7 @@ def checked_section(section: Mapping[str, Any] | None, where: str, known: frozen
     return section
 
 
-def selection_from_sections(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str],
+def _selection_from_sections(sections: Mapping[str, Mapping[str, Any]], homes: Mapping[str, str],
                saved: bool = False) -> FreezeSelection:
     """The selection from checked sections: each plugin key read from its home section (``homes``; an alias of a
     flag from its own home when ``homes`` names one, else its flag's).

@@ -144,7 +144,7 @@ class ModelKeys:
 
 @dataclass(frozen=True)
 class LoraKeys:
-    """Where the LoRA section is and how it reads (:mod:`._setting_readers`, :mod:`._lora_names`)."""
+    """Where the LoRA section is and how it reads (:mod:`._setting_readers`)."""
 
     #: the LoRA section, and its rank's key in it
     section: str
@@ -193,12 +193,6 @@ class StrategyKeys:
     #: the ``recompute_granularity`` keys set on the model provider as written, next to their ``recompute_method`` /
     #: ``recompute_num_layers`` (megatron-core's TransformerConfig checks the three together when it is finalized)
     provider_recompute: tuple[str, ...] = ()
-
-    def switch_off(self, key: str, value: Any) -> bool:
-        """Whether recompute key ``key``'s switch, holding ``value`` (``None``: not written), turns it off."""
-        if key not in self.recompute_switches:
-            return False
-        return value is not True and not (value is None and self.recompute_switches_on_by_default)
 
     def key_fix(self) -> str:
         """What to write to choose the Megatron strategy."""

@@ -1,6 +1,6 @@
-"""Keys written where the layout's runs never read them: flags, patterns and learning rates elsewhere
-(:func:`misplaced_keys`, refused), other ``freeze_*`` keys (:func:`unread_freeze_keys`, said), and Bridge's and
-the trainer's own ``freeze_*`` settings (read and said).
+"""The reading's key survey, one walk of the config's keys (:func:`survey`): flags, patterns and learning rates
+written where the layout's runs never read them (refused), other ``freeze_*`` keys (:func:`unread_freeze_keys`,
+said), and Bridge's and the trainer's own ``freeze_*`` settings (read and said).
 """
 
 from __future__ import annotations
@@ -58,7 +58,16 @@ def _unset(value: Any) -> bool:
     return value is None or value is False or value == [] or value == ""
 
 
-def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
+def survey(cfg: Any, layout: Layout, source: Source) -> tuple[list[str], list[str], tuple[OwnFreeze, ...]]:
+    """One walk of the config's keys: the plugin keys written where ``layout``'s runs never read them (refused:
+    :func:`_misplaced`), the other ``freeze_*`` keys it reads nowhere (said: :func:`unread_freeze_keys`), and
+    Bridge's and the trainer's own ``freeze_*`` settings of the policy (:func:`_own_freeze`)."""
+    keys, referenced = _all_keys(cfg)
+    return (_misplaced(cfg, layout, keys, referenced), _unread(cfg, layout, keys, referenced),
+            _own_freeze(cfg, layout, source, keys))
+
+
+def _misplaced(cfg: Any, layout: Layout, keys: list[tuple[str, str]], referenced: set[str]) -> list[str]:
     """Flags, patterns and learning rates written where ``layout``'s runs never read them (they would be dropped).
 
     The whole config is walked (keys only, nothing resolved). In a section some layout reads the plugin's keys
@@ -69,7 +78,6 @@ def misplaced_keys(cfg: Any, layout: Layout) -> list[str]:
     (``VLMLoRA``'s switches, NeMo-RL's ``freeze_config``) are theirs, not misplaced.
     """
     sections = set(plugin_sections())
-    keys, referenced = _all_keys(cfg)
     problems = []
     for where, key in keys:
         if any(where == ref or where.startswith(ref + ".") for ref in referenced):
@@ -126,12 +134,15 @@ def unread_freeze_keys(cfg: Any, layout: Layout) -> list[str]:
     """Every ``freeze_*`` key (``key=value``) of the config that ``layout`` reads nowhere.
 
     Not counted: the plugin's own keys (read in their home, or refused where they are not:
-    :func:`misplaced_keys`), the keys of the sections the plugin's keys are read from (checked there: an unknown
+    :func:`_misplaced`), the keys of the sections the plugin's keys are read from (checked there: an unknown
     ``freeze_*`` key is an error), Bridge's and the trainer's own settings where the layout knows them, and what
     is read through an interpolation (judged where it is used). What is left is a setting of another config
     layout, or of no trainer: a run of this layout never reads it.
     """
-    keys, referenced = _all_keys(cfg)
+    return _unread(cfg, layout, *_all_keys(cfg))
+
+
+def _unread(cfg: Any, layout: Layout, keys: list[tuple[str, str]], referenced: set[str]) -> list[str]:
     homes = {*layout.homes.plugin_homes, layout.homes.reference_flags}
     out = []
     for where, key in keys:
@@ -154,9 +165,8 @@ def _quiet_raw(cfg: Any, key: str) -> Any:
     return value if not isinstance(value, Mapping | list) else brief(value)
 
 
-def read_own_freeze(cfg: Any, layout: Layout, source: Source) -> tuple[OwnFreeze, ...]:
+def _own_freeze(cfg: Any, layout: Layout, source: Source, keys: list[tuple[str, str]]) -> tuple[OwnFreeze, ...]:
     """Bridge's and the trainer's own ``freeze_*`` settings of the policy the config writes (not the references')."""
-    keys, _ = _all_keys(cfg)
     out = []
     for where, key in keys:
         if not key.startswith("freeze_") or layout.homes.reference_of(where) or where == layout.homes.reference_flags:

@@ -1,5 +1,6 @@
 """Rules the build applies that check-config says up front: the provider's ``full_recompute_policy``, megatron-core's
-recompute check, and a train pattern on the MoE routers next to a trainer's ``freeze_moe_router`` hook.
+recompute check, and a train pattern on the MoE routers next to a trainer's ``freeze_moe_router`` hook (the settings
+they judge are read by :mod:`._setting_readers`).
 
 - ``full_recompute_policy`` (and its former name ``vision_recompute_policy``) is a provider field the plugin adds; it
   lives where the patterns do. ``"fix"`` (the default) turns full recompute off where it breaks gradients;
@@ -16,19 +17,13 @@ recompute check, and a train pattern on the MoE routers next to a trainer's ``fr
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
-from typing import Any
 
-from omegaconf import OmegaConf
-
-from bridge_freeze_plugin.config._layouts import Layout
 from bridge_freeze_plugin.config._run_settings import RunSettings
-from bridge_freeze_plugin.config._values import Setting, as_yaml
+from bridge_freeze_plugin.config._values import as_yaml
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.prewrap import FORMER_POLICY_ATTR, POLICIES, POLICY_ATTR
+from bridge_freeze_plugin.prewrap import POLICIES, POLICY_ATTR
 from bridge_freeze_plugin.request import Part
 
-_ABSENT = object()
 #: megatron-core's accepted values
 _GRANULARITIES = ("full", "selective")
 _METHODS = ("uniform", "block")
@@ -44,42 +39,6 @@ _OTHER_LEAVES = (
 )
 OTHER_LM_NAMES = (*(f"decoder.layers.0.{leaf}" for leaf in _OTHER_LEAVES), "embedding.word_embeddings.weight",
                   "decoder.final_layernorm.weight", "output_layer.weight")
-
-
-def _as_config(cfg: Any) -> Any:
-    return cfg if OmegaConf.is_config(cfg) else OmegaConf.create(dict(cfg))
-
-
-def _known(cfg: Any, key: str, source: Callable[[str], str]) -> Setting | None:
-    """``key``'s setting when the config (or the layout's defaults) holds it, else ``None`` (not known here)."""
-    value = OmegaConf.select(_as_config(cfg), key, default=_ABSENT)
-    return None if value is _ABSENT else Setting(value, key, source(key))
-
-
-def read_policy(cfg: Any, layout: Layout, source: Callable[[str], str]) -> tuple[Setting, ...]:
-    """The ``full_recompute_policy`` settings the config writes, where the provider fields of the plugin go."""
-    home = layout.homes.home("train_patterns")
-    return tuple(found for attr in (POLICY_ATTR, FORMER_POLICY_ATTR)
-                 if (found := _known(cfg, f"{home}.{attr}", source)) is not None and found.value is not None)
-
-
-def read_provider_recompute(cfg: Any, layout: Layout, source: Callable[[str], str]
-                            ) -> tuple[tuple[Setting, Setting | None, Setting | None], ...]:
-    """(granularity, method, num_layers) of each section whose recompute keys go to the provider as written; a
-    section whose switch is off (SkyRL's ``trainer.gradient_checkpointing=false``: its worker sets all three to
-    None) or whose granularity is unknown is left out."""
-    out = []
-    for key in layout.strategy.provider_recompute:
-        switch = layout.strategy.recompute_switches.get(key)
-        if switch is not None and layout.strategy.switch_off(key, OmegaConf.select(_as_config(cfg), switch)):
-            continue
-        granularity = _known(cfg, key, source)
-        if granularity is None or granularity.value is None:
-            continue
-        section = key.rpartition(".")[0]
-        out.append((granularity, _known(cfg, f"{section}.recompute_method", source),
-                    _known(cfg, f"{section}.recompute_num_layers", source)))
-    return tuple(out)
 
 
 def policy_of(s: RunSettings) -> str:

@@ -18,18 +18,19 @@ from typing import Any
 from omegaconf import DictConfig
 
 from bridge_freeze_plugin.config import _checks as checks
-from bridge_freeze_plugin.config._family import family_from_model_path, family_from_name, family_from_target
+from bridge_freeze_plugin.config._family import config_family, family_arg, family_from_model_path
 from bridge_freeze_plugin.config._flags import read_selection
 from bridge_freeze_plugin.config._layout_bridge import BRIDGE
 from bridge_freeze_plugin.config._layout_sft_rl import RL, SFT
 from bridge_freeze_plugin.config._layouts import Layout
-from bridge_freeze_plugin.config._reading import read_settings, with_provider_defaults
+from bridge_freeze_plugin.config._provider_defaults import with_family
+from bridge_freeze_plugin.config._reading import read_chosen, read_settings
 from bridge_freeze_plugin.config._rules import MEGATRON
 from bridge_freeze_plugin.config._run_settings import LoraRead, LoraSettings, RunSettings, RunSwitches, SelectionSources
 from bridge_freeze_plugin.config._source import LoadedConfig, choose_layout, load, load_config, with_layout
-from bridge_freeze_plugin.config._values import Setting, select
+from bridge_freeze_plugin.config._values import Setting
 from bridge_freeze_plugin.families import FamilySpec
-from bridge_freeze_plugin.registry import REGISTRY, family_for_provider
+from bridge_freeze_plugin.registry import family_for_provider
 from bridge_freeze_plugin.request import FreezeSelection
 
 __all__ = [
@@ -45,12 +46,6 @@ __all__ = [
     "validate_selection",
     "validate_sft_config",
 ]
-
-
-def _family_arg(family: FamilySpec | str | None) -> FamilySpec | None:
-    if family is None or isinstance(family, FamilySpec):
-        return family
-    return REGISTRY.find(family)
 
 
 def validate_selection(
@@ -88,56 +83,21 @@ def validate_selection(
                         recompute=(Setting(recompute_granularity, "recompute_granularity"),)),
         lora=lora,
         lora_read=LoraRead(rank=Setting(lora.rank, "lora.rank")),
-        family=_family_arg(family),
+        family=family_arg(family),
         provider=provider,
     )
     return checks.check(settings)
 
 
-def _with_family(settings: RunSettings, cfg: Any, layout: Layout, provider: Any,
-                 family: FamilySpec | str | None) -> RunSettings:
-    """``settings`` with the family: ``provider``, else ``family``, else the model path, else ``_target_``."""
-    if provider is not None:
-        return replace(settings, provider=provider, family_source="the provider given")
-    target = None if settings.provider_target is None else settings.provider_target.value
-    resolved, source = _family_of(cfg, layout, family, target)
-    settings = with_provider_defaults(settings, cfg, layout, resolved)
-    return replace(settings, family=resolved, family_source=source)
-
-
-def _family_of(cfg: Any, layout: Layout, family: FamilySpec | str | None,
-               target: str | None) -> tuple[FamilySpec | None, str | None]:
-    """The family and how it was found: ``family``, else the model path, else ``target`` (the provider class)."""
-    resolved, source = _family_arg(family), "named by the caller"
-    if resolved is None and layout.model.path is not None:
-        model_path = select(cfg, layout.model.path)
-        resolved = family_from_model_path(model_path) if isinstance(model_path, str) else None
-        source = f"{layout.model.path}'s config.json (model_type)"
-        if resolved is None and layout.model.family_from_name and isinstance(model_path, str):
-            resolved = family_from_name(model_path)
-            source = (f"{layout.model.path}={model_path}: a guess from the name (no local config.json to read; "
-                      "--family NAME to be sure)")
-    if resolved is None and target is not None:
-        resolved = family_from_target(target)
-        source = f"{layout.model.provider_target} (the provider class)"
-    return resolved, source if resolved is not None else None
-
-
-def _known_family(cfg: Any, layout: Layout, provider: Any, family: FamilySpec | str | None) -> FamilySpec | None:
-    """The family as far as it is known before the settings are read, for their messages (a learning-rate key
-    that names no part is answered from the model's own parts); :func:`_with_family` decides it for the rules."""
-    if provider is not None:
-        return family_for_provider(provider)
-    try:
-        target = select(cfg, layout.model.provider_target) if layout.model.provider_target else None
-    except Exception:  # noqa: BLE001 - a malformed target is reported by read_settings; here it only names no family
-        target = None
-    return _family_of(cfg, layout, family, None if target is None else str(target))[0]
-
-
 def _validate_layout(cfg: Any, layout: Layout, *, provider: Any, family: FamilySpec | str | None) -> FreezeSelection:
-    settings = read_settings(cfg, layout, family=_known_family(cfg, layout, provider, family))
-    return checks.check(_with_family(settings, cfg, layout, provider, family))
+    """The stages of :func:`load_run` on a config given in code: its family (``provider``'s, else the config's),
+    the reading, the provider's defaults; then every rule."""
+    if provider is not None:
+        settings = read_settings(cfg, layout, family=family_for_provider(provider))
+        return checks.check(replace(settings, provider=provider, family_source="the provider given"))
+    found, how = config_family(cfg, layout, family)
+    settings = read_settings(cfg, layout, family=found)
+    return checks.check(with_family(settings, cfg, layout, found, how))
 
 
 def validate_sft_config(
@@ -215,9 +175,15 @@ def load_run(
     """Read a run's config as ``bridge-freeze check-config`` does: the file (or none: the layout's defaults
     stand in for it), its defaults list, the overrides (``+``/``++``/``~`` understood); the layout detected
     (or ``layout``, which must agree with the file); the trainer's defaults filled in where nothing wrote
-    the key. Nothing is checked yet: call :meth:`ConfigRun.validate`."""
+    the key. Nothing is checked yet: call :meth:`ConfigRun.validate`.
+
+    A pipeline of stages, each calling down into its own helpers and the values layer (:mod:`._values`): the
+    file (:func:`._source.load`), the layout (:func:`._source.choose_layout`, :func:`._source.with_layout`), the
+    family (:func:`._family.config_family`), the reading (:func:`._reading.read_chosen`), the provider's defaults
+    (:func:`._provider_defaults.with_family`)."""
     loaded = load(path, overrides)
     chosen, reason = choose_layout(loaded, layout)
     loaded = with_layout(loaded, chosen, reason)
-    settings = read_settings(loaded.cfg, chosen, loaded.source, _known_family(loaded.cfg, chosen, None, family))
-    return ConfigRun(loaded, _with_family(settings, loaded.cfg, chosen, None, family))
+    found, how = config_family(loaded.cfg, chosen, family)
+    settings = read_chosen(loaded.cfg, chosen, loaded.source, found)
+    return ConfigRun(loaded, with_family(settings, loaded.cfg, chosen, found, how))

@@ -1,10 +1,11 @@
-"""Values as a config holds them: read (:func:`select`, :func:`section`), written back as a user writes them
+"""Values as a config holds them, the layer every reading stage reads through: read (:func:`select`,
+:func:`section`; :class:`Sections`: a stage's sections in one place), written back as a user writes them
 (:func:`as_yaml`), and each with the key it lives at and where it came from (:class:`Setting`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,25 @@ def section(cfg: Any, key: str) -> Mapping[str, Any]:
             f"{key}: {{...}}"
         )
     return value
+
+
+class Sections:
+    """The mapping at each of some keys (:func:`section`), read in one place; a key whose value is no mapping, or
+    cannot be resolved, raises its error when it is asked for, so a reader meets its problems in its own order."""
+
+    def __init__(self, cfg: Any, keys: Iterable[str | None]) -> None:
+        self._read: dict[str, Mapping[str, Any] | InvalidFreezeConfigError] = {}
+        for key in dict.fromkeys(k for k in keys if k is not None):
+            try:
+                self._read[key] = section(cfg, key)
+            except InvalidFreezeConfigError as exc:
+                self._read[key] = exc
+
+    def __getitem__(self, key: str) -> Mapping[str, Any]:
+        value = self._read[key]
+        if isinstance(value, InvalidFreezeConfigError):
+            raise value
+        return value
 
 
 Source = Callable[[str], str]

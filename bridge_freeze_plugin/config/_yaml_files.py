@@ -55,8 +55,8 @@ def read_saved_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The mapping a saved config (``run_config.yaml``) holds, read with YAML's safe schema as Bridge's
     ``read_run_config`` reads it (libyaml's parser where PyYAML has it: the same documents, faster), after the
     checks of :func:`_read_bounded_text` (at most :data:`MAX_SAVED_CONFIG_BYTES`)."""
-    shown_path = brief(os.fspath(path))
     text = _read_bounded_text(path, max_bytes=MAX_SAVED_CONFIG_BYTES, what="saved config")
+    shown_path = brief(os.fspath(path))
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load(text, Loader=loader)  # a safe loader (C or Python)
