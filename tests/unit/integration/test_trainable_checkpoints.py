@@ -176,6 +176,10 @@ def test_the_field_without_a_base_is_refused_before_the_build(tmp_path):
     error = _refused(tmp_path / "no_base")
     assert error.given == "" and "checkpoint.pretrained_checkpoint" in str(error)
     assert "save_trainable_only=true" in str(error) and "Qwen3VLModelProvider" in str(error)
+    nowhere = tmp_path / "nowhere"
+    error = _refused(tmp_path / "missing_base", pretrained=nowhere)
+    assert error.given == str(nowhere) and f"checkpoint.pretrained_checkpoint={nowhere}, which does not exist" in str(
+        error)
 
 
 def test_a_trainable_only_checkpoint_without_its_base_is_refused_naming_both(runs, tmp_path):
