@@ -27,6 +27,7 @@ from typing import Any
 
 from bridge_freeze_plugin.errors import PlanError
 from bridge_freeze_plugin.families import FamilySpec
+from bridge_freeze_plugin.planning._save_size import save_size
 from bridge_freeze_plugin.prewrap import PartCount, PartTally
 from bridge_freeze_plugin.request import INFO, FreezeSelection, Part
 
@@ -78,9 +79,14 @@ class MemoryAssumptions:
         return 0 if self.param_dtype == "fp32" else DTYPE_BYTES["fp32"]
 
     @property
+    def state_bytes(self) -> int:
+        """The optimizer's own state tensors' bytes per trainable parameter (Adam's two moments, SGD's momentum)."""
+        return OPTIMIZERS[self.optimizer] * DTYPE_BYTES[self.state_dtype]
+
+    @property
     def optimizer_bytes(self) -> int:
         """Optimizer state bytes per trainable parameter, before data-parallel sharding."""
-        return self.master_bytes + OPTIMIZERS[self.optimizer] * DTYPE_BYTES[self.state_dtype]
+        return self.master_bytes + self.state_bytes
 
     def describe(self) -> str:
         master = "" if not self.master_bytes else "fp32 master weights + "
@@ -263,8 +269,6 @@ class Plan:
             out["layout"] = self.layout.as_dict()
             out["activation"] = self.activation
             out["per_rank"] = [r.as_dict() for r in self.per_rank]
-        from bridge_freeze_plugin.planning._save_size import save_size
-
         out["checkpoint_save"] = save_size(self).as_dict()
         out["sync"] = None if self.sync is None else self.sync.as_dict()
         if self.sync is None and self.sync_unavailable:

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_freeze_plugin.planning._estimate import DTYPE_BYTES, OPTIMIZERS
+#: the bytes of one fp32 element: the main parameters a save holds beside the optimizer's state
+_FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,8 @@ class SaveSize:
 
 def saved_optimizer_bytes(assumptions: Any, distributed: bool) -> int:
     """Optimizer bytes a save holds per trainable parameter (see the module docstring)."""
-    main = DTYPE_BYTES["fp32"] if distributed or assumptions.master_bytes else 0
-    return main + OPTIMIZERS[assumptions.optimizer] * DTYPE_BYTES[assumptions.state_dtype]
+    main = _FP32_BYTES if distributed or assumptions.master_bytes else 0
+    return main + assumptions.state_bytes
 
 
 def save_size(plan: Any) -> SaveSize:
@@ -88,7 +89,7 @@ def save_size(plan: Any) -> SaveSize:
         per_rank = SaveBytes(largest.parameters * a.param_bytes, largest.trainable * a.param_bytes,
                              elements * per_param)
         rank = (largest.tp, largest.pp, largest.ep)
-    main = "fp32 main parameters + " if per_param > OPTIMIZERS[a.optimizer] * DTYPE_BYTES[a.state_dtype] else ""
+    main = "fp32 main parameters + " if per_param > a.state_bytes else ""
     state = "exp_avg + exp_avg_sq" if a.optimizer == "adam" else "momentum"
     counted = (f"{a.param_dtype} weights; optimizer state of the trainable parameters only: {main}{a.state_dtype} "
                f"{state} ({per_param} B each, {'distributed' if distributed else 'plain'} optimizer); not counted: "
