@@ -18,12 +18,17 @@ weights (``param_dtype="fp32"``); one case is repeated in bf16 against ``export_
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _shared import as_skyrl_pin  # the stand-in for SkyRL's Bridge pin (its signature)
+
+# test_trainable_sync's folder, as pytest puts it on sys.path when it collects that file first (the whole suite);
+# this file run alone, or with its own folder only (the compatibility lane's runs), found no such module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from test_trainable_sync import (  # the shared builds: checkpoint fixture, load + build + train + export
     PROJECTION_ONLY,
     QWEN3_LM_ATTENTION,
