@@ -97,6 +97,13 @@ def prepare_config(cfg: Any) -> None:
             f"{label}: {FIELD}=true takes the frozen base from checkpoint.pretrained_checkpoint={given}, which does "
             "not exist. Give the checkpoint the frozen weights come from, or set "
             f"{FIELD}=false to save the whole model.", given=str(given))
+    if cfg.peft is None and getattr(cfg.checkpoint, "also_save_hf_checkpoint", False):
+        raise TrainableOnlyCheckpointError(
+            f"{label}: {FIELD}=true with checkpoint.also_save_hf_checkpoint=true: the field makes this a PEFT run "
+            "for Bridge, whose extra HF save of a PEFT run is an adapter folder, and this run has no adapters (the "
+            "export would hold nothing it trained). Set checkpoint.also_save_hf_checkpoint=false and export the "
+            f"trained model with AutoBridge.save_hf_pretrained after the run, or set {FIELD}=false.",
+            given=str(given))
     if cfg.peft is None:
         from bridge_freeze_plugin.stages.bridge import TrainableOnlyPEFT
 

@@ -215,3 +215,17 @@ def test_a_selection_training_part_of_a_stacked_tensor_is_refused_before_it_trai
                ("linear_fc1.bias", "linear_fc1.weight", "linear_fc2.bias", "linear_fc2.weight", "patch_norm.bias",
                 "patch_norm.weight")]  # merger 1 trains, merger 0 not: each of their six tensors
     assert f"and not the others ({', '.join(stacked)})" in str(error)
+
+
+def test_an_extra_hf_save_with_the_field_is_refused_before_the_build(runs, tmp_path):
+    """Bridge's extra HF save of a PEFT run is an adapter folder: with no adapters it would hold nothing trained."""
+    from bridge_freeze_harness.cpu_training import run_training, training_config
+    from bridge_freeze_harness.train import make_provider
+
+    provider = make_freezable(make_provider("qwen3_vl", hidden_dropout=0.0), PROJECTION_ONLY)
+    provider.save_trainable_only = True
+    cfg = training_config(provider, tmp_path, ITERS, pretrained_checkpoint=runs("base")[0])
+    cfg.checkpoint.also_save_hf_checkpoint = True
+    with pytest.raises(TrainableOnlyCheckpointError, match="also_save_hf_checkpoint=true"):
+        run_training(cfg)  # finetune(): its runtime_config_update validates the config before setup()
+    assert cfg.peft is None and not (tmp_path / "checkpoints").exists()
