@@ -205,6 +205,31 @@ class SelectionChangedError(InvalidFreezeConfigError):
         self.changes: tuple[SelectionChange, ...] = tuple(changes)
 
 
+class TrainableOnlyCheckpointError(InvalidFreezeConfigError):
+    """A trainable-only checkpoint (``save_trainable_only``) cannot be saved or loaded as asked: the field is set
+    without a frozen base (``checkpoint.pretrained_checkpoint``), or such a checkpoint is loaded without its base or
+    on another one. Refused before anything trains (never a model with random frozen weights). ``checkpoint`` is the
+    checkpoint directory concerned, ``base`` the base it was saved on (``''``: none recorded), ``given`` this run's
+    ``checkpoint.pretrained_checkpoint`` (``''``: none)."""
+
+    def __init__(self, message: str, checkpoint: str = "", base: str = "", given: str = "") -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.base = base
+        self.given = given
+
+
+class RecipeError(BridgeFreezeError, ValueError):
+    """A Megatron-Bridge recipe (``--recipe NAME``) cannot be run or read as asked: no recipe of that name
+    (``nearest``: the closest names), a ``config.json`` nothing offline holds, an override Bridge refuses, or the
+    plugin's reading of the result disagreeing with Bridge's. ``recipe`` is the name asked for."""
+
+    def __init__(self, message: str, recipe: str = "", nearest: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.recipe = recipe
+        self.nearest: tuple[str, ...] = tuple(nearest)
+
+
 class CommandError(BridgeFreezeError, ValueError):
     """A ``bridge-freeze`` sub-command cannot do what its arguments ask (printed as one line, exit code 2)."""
 

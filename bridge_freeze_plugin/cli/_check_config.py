@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bridge_freeze_plugin.cli._check_config_summary import lora_line, model_parts, stage_of, summarize, trains_line
 from bridge_freeze_plugin.cli._common import EXIT_OK, add_subcommand, finish_subcommand, flags_line, one_line, out
+from bridge_freeze_plugin.cli._recipe import RecipeLoader, add_recipe_option, recipe_overrides
 from bridge_freeze_plugin.config import LAYOUTS, select
 from bridge_freeze_plugin.errors import BridgeFreezeError, CommandError
 from bridge_freeze_plugin.optim import LR_KEYS
@@ -150,7 +152,7 @@ def _empty_doc(file: str | None, overrides: list[str]) -> dict[str, Any]:
         "saved_provider": None,
         "error_type": None, "selection": None,
         "trained_parts": None, "frozen_parts": None, "pattern_parts": None, "lora": None, "adjustments": None,
-        "stage": None,
+        "stage": None, "recipe": None,
     }
 
 
@@ -201,10 +203,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "  bridge-freeze check-config ckpt/run_config.yaml model.freeze_vision_model=True\n"
                "  bridge-freeze check-config sft.yaml --family qwen3_vl --json\n"
                "  bridge-freeze check-config vlm_grpo_3B_megatron.yaml +policy.megatron_cfg.freeze_vision_model=true"
-               "   (NeMo-RL)\n\n"
+               "   (NeMo-RL)\n"
+               "  bridge-freeze check-config --recipe qwen3_vl_8b_pretrain_mock_config "
+               "model.freeze_language_model=False   (Bridge's recipe)\n\n"
                "The config layouts and rules are in docs/configuration.md.",
     )
-    check.add_argument("file", metavar="FILE",
+    check.add_argument("file", metavar="FILE", nargs="?", default=None,
                        help="the training config (YAML); may be left out: then the first argument is an override")
     # default=[]: without a default, argparse (< 3.13) lists a nargs="*" positional as required in errors.
     check.add_argument("overrides", metavar="KEY=VALUE", nargs="*", default=[],
@@ -212,6 +216,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--layout", choices=sorted(LAYOUTS), help="the config layout, if it is not detected")
     check.add_argument("--rl", action="store_true", help="the RL layout (as --layout rl)")
     check.add_argument("--family", help="the model family (name or provider class), if the config does not tell")
+    add_recipe_option(check)
+    check.add_argument("--hf-config", metavar="PATH", default=None,
+                       help="with --recipe: the model's config.json (or a folder holding one), served offline under "
+                            "the recipe's hub id (default: the HF cache, HF_HOME; nothing is downloaded)")
     check.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/cli.md)")
     finish_subcommand(check, run)
     return check
@@ -220,11 +228,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from bridge_freeze_plugin.config import load_run
 
+    if args.recipe is not None:  # Bridge's recipe, run as run_recipe.py runs it (cli/_recipe.py)
+        overrides = recipe_overrides(args.file, list(args.overrides), what="FILE")
+        if args.layout not in (None, "bridge") or args.rl:
+            raise CommandError("a recipe's config is a Megatron-Bridge ConfigContainer: drop --layout / --rl")
+        with RecipeLoader(args, overrides) as loader:
+            return _run(args, loader.shown, overrides, loader, loader.document)
+    if args.hf_config is not None:
+        raise CommandError("--hf-config serves the model's config.json to a recipe: give it with --recipe NAME")
     file, overrides = _file_and_overrides(args.file, list(args.overrides))
-    doc = _empty_doc(file, overrides)
+    if file is None and not overrides:
+        args.parser.error("the following arguments are required: FILE")
+    return _run(args, file, overrides,
+                lambda: load_run(file, overrides, layout=_layout_option(args), family=args.family), dict)
+
+
+def _run(args: argparse.Namespace, file: str | None, overrides: list[str], load: Callable[[], Any],
+         extra: Callable[[], dict[str, Any]]) -> int:
+    """Load (``load``: the file and overrides, or a recipe), print and check; ``extra``: more of the document."""
+    doc = {**_empty_doc(file, overrides), **extra()}
     try:
-        checked = load_run(file, overrides, layout=_layout_option(args), family=args.family)
-        doc = _doc(args, checked, file, overrides)
+        checked = load()
+        doc = {**_doc(args, checked, file, overrides), **extra()}
         if not args.json:
             _print_header(checked, file, overrides)
         selection = checked.validate()
@@ -236,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         if args.json:  # the document, whatever failed (reading the file included); the error on stderr too
             kind = "" if isinstance(exc, BridgeFreezeError) else "unexpected error: "
-            _print_json({**doc, "valid": False, "error": kind + one_line(str(exc)), "error_type": type(exc).__name__})
+            _print_json({**doc, **extra(), "valid": False, "error": kind + one_line(str(exc)),
+                         "error_type": type(exc).__name__})
         raise
 
 

@@ -26,6 +26,7 @@ from bridge_freeze_plugin.cli._common import (
     quiet_third_party,
     selection_from,
 )
+from bridge_freeze_plugin.cli._recipe import add_recipe_option
 from bridge_freeze_plugin.cli._training_options import (
     add_lora_options,
     add_pattern_options,
@@ -46,6 +47,7 @@ _EPILOG = (
     "  bridge-freeze plan qwen3_vl --tiny --freeze-language-model --freeze-vision-model --lora-rank 8 "
     "--lora-target-modules linear_qkv linear_proj\n"
     "  bridge-freeze plan qwen3_vl --tiny --freeze-language-model --train 'language_model\\.decoder\\.layers\\.1'\n\n"
+    "  bridge-freeze plan --recipe qwen3_vl_8b_sft_config model.freeze_vision_model=True --gpu-memory 80GiB\n"
     "  bridge-freeze plan --hf-config Qwen3-VL-235B-A22B-Instruct --tp 4 --pp 8 --ep 8 --dp 8 \\\n"
     "      --use-distributed-optimizer --recompute-granularity full --gpu-memory 141GB\n\n"
     "MODEL is a family name (bridge-freeze families) or a provider class name. The part figures are\n"
@@ -65,10 +67,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     plan.add_argument("model", metavar="MODEL", nargs="?",
                       help="family name or provider class name (optional with --hf-config: the config tells)")
+    plan.add_argument("overrides", metavar="KEY=VALUE", nargs="*", default=[],
+                      help="with --recipe: the recipe's overrides, applied with Bridge's own override code")
+    add_recipe_option(plan)
     source = plan.add_mutually_exclusive_group()
     source.add_argument("--tiny", action="store_true", help="use the project's tiny test configuration")
     source.add_argument("--hf-config", metavar="PATH",
-                        help="a local HF config.json, or a model folder holding one (no hub access)")
+                        help="a local HF config.json, or a model folder holding one (no hub access); with --recipe: "
+                             "the recipe's model config (default: the HF cache)")
     add_selection_flags(plan, demo=False)
     add_pattern_options(plan)
     add_lora_options(plan)
@@ -230,6 +236,17 @@ def _print_table(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.recipe is not None:  # Bridge's recipe: its layout, sequence and selection (cli/_recipe_plan.py)
+        from bridge_freeze_plugin.cli._recipe_plan import plan_recipe
+
+        return plan_recipe(args, _run)
+    if args.overrides or (args.model is not None and "=" in args.model):
+        raise CommandError("KEY=VALUE overrides are a recipe's: give them with --recipe NAME")
+    return _run(args)
+
+
+def _run(args: argparse.Namespace, recipe: Any = None) -> int:
+    """The plan; ``recipe`` (``--recipe``): its selection, its PEFT, and what its output says of it."""
     from bridge_freeze_plugin import planning
 
     layout = planning.Layout(tp=args.tp, pp=args.pp, vp=args.vp, ep=args.ep, etp=args.etp, dp=args.dp,
@@ -249,8 +266,10 @@ def run(args: argparse.Namespace) -> int:
     activation = planning.ActivationSettings(seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
                                              vision_tokens=args.vision_tokens, recompute=args.recompute_granularity)
     _check_request(args)
-    selection = with_patterns(selection_from(args), args)
-    refuse_nothing_to_train(selection, args.lora_rank)
+    selection = with_patterns(selection_from(args), args) if recipe is None else recipe.selection
+    lora = (lambda _provider: make_lora(args)) if args.lora_rank else None
+    lora = lora if recipe is None else recipe.lora
+    refuse_nothing_to_train(selection, args.lora_rank or int(lora is not None))
     if args.lora_target_modules and not args.lora_rank:
         raise CommandError("--lora-target-modules needs --lora-rank N (N > 0)")
     import torch  # noqa: F401  (first: torch and transformers set their loggers' levels on import,
@@ -259,10 +278,12 @@ def run(args: argparse.Namespace) -> int:
     with quiet_third_party(logging.getLogger().getEffectiveLevel()):
         result = planning.plan_model(args.model, selection, assumptions, tiny=args.tiny,
                                      hf_config=args.hf_config, max_layer_blocks=args.max_layer_blocks,
-                                     lora=(lambda _provider: make_lora(args)) if args.lora_rank else None,
+                                     lora=lora,
                                      layout=layout, activation=activation)
     if args.json:
         document = result.as_dict()
+        if recipe is not None:
+            document["recipe"] = recipe.document
         if args.gpu_memory is not None:
             largest = result.largest_rank()
             document["gpu_memory"] = {"bytes": args.gpu_memory,
@@ -271,6 +292,8 @@ def run(args: argparse.Namespace) -> int:
 
         out(json.dumps(document, indent=2, sort_keys=True))
     else:
+        for line in () if recipe is None else recipe.lines:
+            out(line)
         _print_table(result)
         for line in planning.save_lines(planning.save_size(result), _human_bytes):
             out(line)
