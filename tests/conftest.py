@@ -114,10 +114,13 @@ FORKSERVER_FILES = frozenset({
 
 #: The files of ``make test-fast``'s subset (no ``bridge`` / ``spawns`` / ``slow`` test) whose tests import
 #: megatron-core, Megatron-Bridge or transformers (check-config's build rules, its LoRA try on a plain Linear, plan's
-#: HF config reading; measured 2026-12-07 by wrapping ``__import__``): one scheduling unit too, so that one worker
-#: pays those imports (about 6 CPU-seconds for megatron-core, 5 more for Bridge), not both.
+#: HF config reading, the harness's family modules; found 2026-12-07 by running each file's fast tests alone): one
+#: scheduling unit too, so that one worker pays those imports (about 6 CPU-seconds for megatron-core, 5 more for
+#: Bridge and transformers), not both. Where no ``spawns`` test is selected (``make test-fast``) no test starts the
+#: forkserver, and :data:`FORKSERVER_FILES` join this unit (test_plan_per_rank's fast tests import them too).
 BRIDGE_IMPORTING_FAST_FILES = frozenset({
     "test_skyrl_agreement.py", "test_plan_inputs.py", "test_check_config_build_rules.py", "test_training_state.py",
+    "test_harness.py", "test_hf_roundtrip.py",
 })
 
 try:
@@ -129,17 +132,24 @@ if LoadFileScheduling is not None:
 
     class _ForkserverFilesTogether(LoadFileScheduling):
         """``--dist loadfile``, with :data:`FORKSERVER_FILES` as one unit (handed out when test_cli's turn comes), and
-        :data:`BRIDGE_IMPORTING_FAST_FILES` as another."""
+        :data:`BRIDGE_IMPORTING_FAST_FILES` as another (the same one where no ``spawns`` test runs)."""
 
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             name = scope.rsplit("/", 1)[-1]
             if name in FORKSERVER_FILES:
-                return "forkserver files"
+                return "files importing Bridge" if _no_spawns_selected(self.config) else "forkserver files"
             return "files importing Bridge" if name in BRIDGE_IMPORTING_FAST_FILES else scope
+
+    def _no_spawns_selected(config) -> bool:
+        return "not spawns" in (config.getoption("markexpr") or "")
 
     def pytest_xdist_make_scheduler(config, log):
         if config.getoption("dist") == "loadfile":
+            # pytest-xdist's default --loadscope-reorder hands the units out by their number of tests, most first,
+            # not in collection order: LONGEST_FILES' order was lost (test_benchmarks_smoke, 2 tests and about 47 s,
+            # went out among the last). Collection order it is.
+            config.option.loadscopereorder = False
             return _ForkserverFilesTogether(config, log)
         return None
 
@@ -147,6 +157,19 @@ if LoadFileScheduling is not None:
 def _longest_first(items: list) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+#: What collecting the suite must not import (a test module importing one at module level makes every pytest
+#: process, both of ``make test-fast``'s workers included, pay for it: megatron-core alone is about 3.5 CPU-seconds).
+HEAVY_LIBRARIES = ("megatron.core", "megatron.bridge", "transformers")
+
+
+def pytest_collection_finish(session):
+    """Record which of :data:`HEAVY_LIBRARIES` collection imported (tests/unit/integration/test_collection_imports.py
+    asserts none): before any test runs, so only test modules' and conftests' imports count."""
+    import sys
+
+    session.config.heavy_imported_by_collection = [name for name in HEAVY_LIBRARIES if name in sys.modules]
 
 
 def pytest_collection_modifyitems(config, items):
