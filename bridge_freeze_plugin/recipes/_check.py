@@ -80,14 +80,16 @@ def _agree(run: RecipeRun, checked: ConfigRun, keys: dict[str, str]) -> None:
 
 
 def _flags(run: RecipeRun, checked: ConfigRun, keys: dict[str, str]) -> tuple[FlagSource, ...]:
-    recipe = load_config(run.recipe_yaml)
+    """Each flag the recipe's provider has (or an override writes): its value for the run, the recipe's own."""
     found = []
     for flag in FLAGS:
         key = f"{BRIDGE.homes.home(flag)}.{flag}"
-        if select(recipe, key) is None and key not in keys:
-            continue  # a flag this provider does not have
         override = next((text for k, text in keys.items() if key == k or key.startswith(k + ".")), None)
-        found.append(FlagSource(key, select(checked.loaded.cfg, key), select(recipe, key),
+        value = select(checked.loaded.cfg, key)
+        value = getattr(run.container.model, flag, None) if value is None else value
+        if run.recipe_flags.get(flag) is None and override is None:
+            continue  # a flag this provider does not have
+        found.append(FlagSource(key, value, run.recipe_flags.get(flag),
                                 FROM_RECIPE if override is None else FROM_OVERRIDE, override))
     return tuple(found)
 

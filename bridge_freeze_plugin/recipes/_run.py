@@ -22,6 +22,7 @@ from typing import Any
 from bridge_freeze_plugin.errors import RecipeError
 from bridge_freeze_plugin.recipes._find import find_recipe
 from bridge_freeze_plugin.recipes._serve import config_json, offline_hub
+from bridge_freeze_plugin.request import FLAGS
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class RecipeRun:
     served_from: str
     #: the ``config.json`` the recipe's provider was converted from (``None``: the recipe read none)
     config_file: Path | None
+    #: each plugin flag the recipe's provider has -> its value before the overrides (``None``: not on the provider)
+    recipe_flags: dict[str, Any]
     #: the recipe's config before the overrides, and the one the run trains with, as Bridge writes them
     recipe_yaml: Path
     final_yaml: Path
@@ -125,6 +128,7 @@ def run_recipe(name: str, overrides: Iterable[str] = (), *, hf_config: str | os.
     # The file's name is the label check-config gives every value read from it.
     recipe_yaml = folder / f"the recipe {name}"
     container.to_yaml(str(recipe_yaml))
+    recipe_flags = {flag: getattr(container.model, flag, None) for flag in FLAGS}
     container = _apply_overrides(name, container, overrides)
     _sync_sequence_length(container)
     final_yaml = folder / f"{name} with the overrides"
@@ -132,4 +136,4 @@ def run_recipe(name: str, overrides: Iterable[str] = (), *, hf_config: str | os.
     return RecipeRun(name=name, function=f"{function.__module__}.{function.__qualname__}", overrides=overrides,
                      container=container, hub_ids=tuple(dict.fromkeys(asked.hub_ids)), served_from=asked.served_from,
                      config_file=_config_file(asked),
-                     recipe_yaml=recipe_yaml, final_yaml=final_yaml)
+                     recipe_flags=recipe_flags, recipe_yaml=recipe_yaml, final_yaml=final_yaml)
