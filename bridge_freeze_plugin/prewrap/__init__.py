@@ -51,6 +51,7 @@ from bridge_freeze_plugin.prewrap._origins import (
     reading_file,
 )
 from bridge_freeze_plugin.prewrap._pipeline import (
+    add_training_build_check,
     get_model_frozen,
     preflight,
     provide_distributed_frozen,
@@ -108,6 +109,7 @@ __all__ = [
     "PartTally",
     "Source",
     "TrainingBuild",
+    "add_training_build_check",
     "affected_parts",
     "agree_on_error",
     "apply_selection",

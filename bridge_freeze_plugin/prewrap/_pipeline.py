@@ -118,9 +118,22 @@ def repeat_kind(provider: Any, untrained: str | None) -> str | None:
     return REPEATED if untrained is None and provider_state(provider).training_builds else None
 
 
+#: What other subsystems check before a build wrapped for training (``check(provider)`` raises to refuse it).
+_TRAINING_BUILD_CHECKS: list[Callable[[Any], None]] = []
+
+
+def add_training_build_check(check: Callable[[Any], None]) -> None:
+    """Run ``check(provider)`` before every build that may train (not a meta or an unwrapped build); once each."""
+    if check not in _TRAINING_BUILD_CHECKS:
+        _TRAINING_BUILD_CHECKS.append(check)
+
+
 def preflight(provider: Any, untrained: str | None = None, distributed: bool = False) -> BuildContext:
     """Everything the provider can tell before a model is built (raises before any build). ``distributed``: a
     ``provide_distributed_model`` / ``get_model`` build, which may be a further model from the provider."""
+    if untrained is None:
+        for check in tuple(_TRAINING_BUILD_CHECKS):
+            check(provider)
     context = BuildContext.of(provider)
     repeat = repeat_kind(provider, untrained) if distributed else None
     if untrained is not None or repeat is not None:

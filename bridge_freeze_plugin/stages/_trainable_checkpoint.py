@@ -44,7 +44,14 @@ from types import ModuleType
 from typing import Any
 
 from bridge_freeze_plugin.errors import BridgeFreezeError, TrainableOnlyCheckpointError
-from bridge_freeze_plugin.prewrap import STATE, agree_on_error, keeps, on_saved_read, provider_label
+from bridge_freeze_plugin.prewrap import (
+    STATE,
+    add_training_build_check,
+    agree_on_error,
+    keeps,
+    on_saved_read,
+    provider_label,
+)
 from bridge_freeze_plugin.ranks import is_rank0
 from bridge_freeze_plugin.stages._base_record import BaseRecord, SavedRecord, read_record, write_record
 from bridge_freeze_plugin.stages._stacked import refuse_partly_trained
@@ -59,6 +66,8 @@ CONFIG_CONTAINER = ("megatron.bridge.training.config", "ConfigContainer")
 CHECKPOINTING = "megatron.bridge.training.checkpointing"
 _SAVE, _LOAD = "save_checkpoint", "_load_checkpoint_from_path"
 _MARK = "__bridge_freeze_trainable_only__"
+#: set on a provider whose config went through the config step (not a dataclass field: Bridge does not save it)
+_PREPARED = "_bridge_freeze_trainable_only_prepared"
 
 #: Bridge's ``GlobalState`` of a run -> the base its PEFT hook loaded.
 _BASES: weakref.WeakKeyDictionary[Any, BaseRecord] = weakref.WeakKeyDictionary()
@@ -85,6 +94,7 @@ def prepare_config(cfg: Any) -> None:
     if not trainable_only(cfg.model):
         return
     label = provider_label(cfg.model)
+    object.__setattr__(cfg.model, _PREPARED, True)
     given = cfg.checkpoint.pretrained_checkpoint
     if not given:
         raise TrainableOnlyCheckpointError(
@@ -112,6 +122,21 @@ def prepare_config(cfg: Any) -> None:
             logger.info("bridge-freeze: %s=true: this run's checkpoints keep only what trains (with its optimizer "
                         "state); the frozen base is loaded from %s first, as Bridge does for PEFT (cfg.peft = "
                         "TrainableOnlyPEFT)", FIELD, given)
+
+
+def refuse_unprepared(provider: Any) -> None:
+    """Before a build that may train: the field set on a provider whose config never met the config step (a trainer
+    that builds without ``ConfigContainer.validate``) is refused, before anything trains, not at the first save."""
+    if trainable_only(provider) and not getattr(provider, _PREPARED, False):
+        raise TrainableOnlyCheckpointError(
+            f"{provider_label(provider)}: {FIELD}=true, but this model is built for training without Bridge's "
+            "ConfigContainer.validate() having run on its config: that is where the plugin makes the run's "
+            "checkpoints keep only what trains (cfg.peft = TrainableOnlyPEFT) and checks its base, so its saves "
+            "would hold the whole model, or fail. Build through Bridge's pretrain() / finetune() (or call "
+            f"cfg.validate() before setup()), or set {FIELD}=false.")
+
+
+add_training_build_check(refuse_unprepared)
 
 
 def with_trainable_only(validate: Callable[..., Any]) -> Callable[..., Any]:
