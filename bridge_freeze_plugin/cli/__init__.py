@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args, extra = build_parser().parse_known_args(argv)
     if extra:
-        # check-config's KEY=VALUE overrides may come after its options (FILE --rl a.b=c).
-        if args.command == "check-config" and not any(e.startswith("-") for e in extra):
+        # check-config's and plan's KEY=VALUE overrides may come after their options (FILE --rl a.b=c).
+        if args.command in ("check-config", "plan") and not any(e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]
         else:  # reported by the sub-command's parser, under its name
             args.parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -16,7 +16,7 @@ from bridge_freeze_plugin.config import BRIDGE, ConfigRun, load_config, load_run
 from bridge_freeze_plugin.errors import RecipeError
 from bridge_freeze_plugin.families import FamilySpec
 from bridge_freeze_plugin.recipes._run import RecipeRun
-from bridge_freeze_plugin.request import FLAGS
+from bridge_freeze_plugin.request import FLAGS, INFO
 
 #: A flag's source when no override wrote it.
 FROM_RECIPE = "the recipe"
@@ -81,8 +81,10 @@ def _agree(run: RecipeRun, checked: ConfigRun, keys: dict[str, str]) -> None:
 
 def _flags(run: RecipeRun, checked: ConfigRun, keys: dict[str, str]) -> tuple[FlagSource, ...]:
     """Each flag the recipe's provider has (or an override writes): its value for the run, the recipe's own."""
+    family = checked.settings.family
+    flags = FLAGS if family is None else tuple(INFO[part].flag for part in family.part_names())
     found = []
-    for flag in FLAGS:
+    for flag in flags:
         key = f"{BRIDGE.homes.home(flag)}.{flag}"
         override = next((text for k, text in keys.items() if key == k or key.startswith(k + ".")), None)
         value = select(checked.loaded.cfg, key)
