@@ -102,6 +102,7 @@ LONGEST_FILES = (
     "test_families.py", "test_freezable_serialisation.py", "test_audit_in_bridges_loop.py",
     "test_activation_state.py", "test_provider_round_trip.py", "test_bridge_training.py",
     "test_adding_a_family.py", "test_plan_sync.py", "test_provider_invisible.py", "test_hf_roundtrip.py",
+    "test_recipe_every.py", "test_trainable_checkpoints.py", "test_staged_training.py", "test_stage_resume.py",
 )
 
 
@@ -109,7 +110,7 @@ LONGEST_FILES = (
 #: ``--dist loadfile``, so that one worker starts the server (about 15 CPU-seconds and 1 GB), not each.
 FORKSERVER_FILES = frozenset({
     "test_cli.py", "test_bridge_training.py", "test_distributed.py", "test_plan_per_rank.py", "test_forked_commands.py",
-    "test_refit_info.py", "test_trainable_sync.py", "test_audit_distributed.py",
+    "test_refit_info.py", "test_trainable_sync.py", "test_audit_distributed.py", "test_recipe_cli.py",
 })
 
 #: The files of ``make test-fast``'s subset (no ``bridge`` / ``spawns`` / ``slow`` test) whose tests import
