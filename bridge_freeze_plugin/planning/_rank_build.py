@@ -167,6 +167,11 @@ def _ddp_buffers(chunks: list, layout: Layout) -> list[_Buffer]:
     out = []
     try:
         for chunk in chunks:
+            # a part some providers build off the meta device (EXAONE 4.5's vision tower and merger, on the CPU):
+            # moved to meta, shapes, dtypes and requires_grad kept; the distributed optimizer's parameter buffer,
+            # on meta, cannot take a CPU parameter's data ("incompatible tensor type")
+            if any(p.device.type != "meta" for p in chunk.parameters()):
+                chunk.to("meta")
             ddp = DistributedDataParallel(config=chunk.config, ddp_config=config, module=chunk)
             for buffer in [*ddp.buffers, *ddp.expert_parallel_buffers]:
                 buckets = tuple((b.offset, b.offset + b.grad_data.numel()) for b in buffer.buckets)
