@@ -237,6 +237,10 @@ def _left_to_bridge(provider: Any) -> bool:
     cls = type(provider)
     if not all(declared_default(cls, flag) is not None for flag in selection.set_flags()):
         return False
+    # a flag a family's class declares, inherited by a class no family covers that builds a model of its own
+    # (Bridge's diffusion LM under Ministral3's provider): no freeze of Bridge's honours it there
+    if any(REGISTRY.for_provider_class(_declarer(cls, flag)) is not None for flag in selection.set_flags()):
+        return False
     with STATE.lock:
         first = cls not in STATE.left_to_bridge
         STATE.left_to_bridge.add(cls)
@@ -248,6 +252,17 @@ def _left_to_bridge(provider: Any) -> bool:
             "is" if len(selection.set_flags()) == 1 else "are",
         )
     return True
+
+
+def _declarer(cls: type, flag: str) -> type:
+    """The class of ``cls``'s hierarchy (the plugin's own skipped) that declares ``flag``."""
+    import inspect
+
+    for klass in cls.__mro__:
+        if not is_plugin_class(klass) and (flag in inspect.get_annotations(klass)
+                                           or (klass, flag) in STATE.original_defaults):
+            return klass
+    return cls
 
 
 def _guard_uncovered_providers(_module: ModuleType) -> None:
