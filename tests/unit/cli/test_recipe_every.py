@@ -168,7 +168,7 @@ def test_every_vlm_and_audio_recipe_is_found_and_served(walked):
     assert {"qwen3_vl", "qwen3_vl_moe", "qwen25_vl", "qwen35_vl", "glm45v", "gemma3_vl", "exaone45_vl"} <= families
 
 
-@pytest.mark.slow  # full-size meta builds: 150 s on the loaded 2-core machine (2026-12-07 12:57 UTC)
+@pytest.mark.slow  # full-size meta builds, one per family and selection
 def test_the_prediction_is_the_recipes_flags_and_the_meta_build(walked):
     kept, _, _ = walked
     wrong: list[str] = []
@@ -182,8 +182,10 @@ def test_the_prediction_is_the_recipes_flags_and_the_meta_build(walked):
         if container.peft is not None:  # adapters only, as predicted; LoRA's transform over a full-size meta
             assert doc["lora"] is not None, name  # model takes minutes: its builds are the tiny LoRA tests'
             continue
-        key = (doc["recipe"]["config_file"], tuple(sorted(expected)))
-        if key not in built:  # recipes of one model, one selection and one PEFT class build the same model
+        # one meta build per family and selection (the suite's time: one per model took 378 s of CI, 2026-12-07);
+        # every recipe's prediction is still checked against its flags above
+        key = (family.name, tuple(sorted(expected)))
+        if key not in built:
             built[key] = _command("plan", "--recipe", name, *ONE_GPU, "--json")
         params = built[key]["parameters"]
         want = {p["name"] for p in params if _part_of(p["name"], family) in expected}
