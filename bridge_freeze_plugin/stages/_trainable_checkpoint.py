@@ -91,7 +91,7 @@ def is_trainable_only_peft(value: Any) -> bool:
 
 def prepare_config(cfg: Any) -> None:
     """The config step: refuse a missing base; give a freeze run without PEFT the :class:`TrainableOnlyPEFT`."""
-    if not trainable_only(cfg.model):
+    if not trainable_only(getattr(cfg, "model", None)):
         return
     label = provider_label(cfg.model)
     object.__setattr__(cfg.model, _PREPARED, True)
@@ -287,7 +287,7 @@ def recording_base(save: Callable[..., Any]) -> Callable[..., Any]:
         bound = signature.bind(*args, **kwargs).arguments
         state = bound.get("state")
         cfg = getattr(state, "cfg", None)
-        asked = cfg is not None and trainable_only(cfg.model)
+        asked = trainable_only(getattr(cfg, "model", None))  # a config without a model (a stand-in) asks nothing
         if asked and cfg.peft is None:
             raise TrainableOnlyCheckpointError(
                 f"{provider_label(cfg.model)}: {FIELD}=true, but this run's config never went through Bridge's "

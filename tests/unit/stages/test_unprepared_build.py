@@ -41,3 +41,20 @@ def test_the_same_provider_builds_unwrapped_and_without_the_field():
     provider.save_trainable_only = False  # the plugin lets the wrapped build through: Bridge's own check answers
     with pytest.raises(ValueError, match="ddp_config is required when wrap_with_ddp is True"):
         provider.provide_distributed_model(wrap_with_ddp=True, use_cpu_initialization=True)
+
+
+def test_the_save_and_validate_steps_leave_a_config_without_a_model_to_bridge():
+    """Bridge's own checkpoint tests save with a ``Mock(spec=[...])`` state whose config has no ``model``: the
+    plugin's steps must hand such a call to Bridge's function untouched (they raised AttributeError)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from bridge_freeze_plugin.stages._trainable_checkpoint import prepare_config, recording_base
+
+    def save_checkpoint(state, model, optimizer, opt_param_scheduler, num_floating_point_operations_so_far,
+                        checkpointing_context=None, non_persistent_ckpt=False):
+        return ("saved", state)
+
+    state = SimpleNamespace(cfg=mock.Mock(spec=["checkpoint"]))
+    assert recording_base(save_checkpoint)(state, None, None, None, 0) == ("saved", state)
+    assert prepare_config(mock.Mock(spec=["checkpoint"])) is None
